@@ -1,0 +1,438 @@
+//! The claim / replay state machine.
+//!
+//! [`Engine::begin`] turns one request (scope, key, fingerprint, policy) into exactly one decision:
+//!
+//! | store finds | decision |
+//! |---|---|
+//! | nothing, or a record past retention | [`Begin::Execute`]: run the handler, then complete or release |
+//! | completed, same fingerprint, not expired | [`Begin::Replay`] |
+//! | same key, different fingerprint | [`Rejection::Mismatch`] |
+//! | in flight, same fingerprint | wait (woken by the completion), then replay; [`Rejection::InFlight`] at the bound |
+//! | in flight, lease run out, same fingerprint | [`Begin::Execute`], taken over with a new fencing token |
+//! | past `expires_at`, within retention | [`Rejection::Expired`] |
+//! | store error or timeout | [`Rejection::Unavailable`]: the handler never runs |
+//!
+//! See `docs/semantics.md` for the state diagram and the HTTP meaning of each outcome.
+//!
+//! ```
+//! use idem_runtime::{Begin, Engine, Fingerprint, Policy, RecordKey, StoredResponse};
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let engine = Engine::new(MemoryStore::new());
+//! let key = RecordKey::new("user-7", "order-42");
+//! let fp = Fingerprint::of_request("POST", "/orders", None, b"two apples");
+//! let policy = Policy::new();
+//!
+//! match engine.begin(key.clone(), fp, &policy).await.unwrap() {
+//!     Begin::Execute(claim) => {
+//!         let response = StoredResponse { status: 201, headers: vec![], body: "created".into() };
+//!         claim.complete(&response).await.unwrap();
+//!     }
+//!     Begin::Replay(_) => unreachable!("a new key runs"),
+//! }
+//! // The retry replays.
+//! let Begin::Replay(replay) = engine.begin(key, fp, &policy).await.unwrap() else { panic!() };
+//! assert_eq!(replay.response.status, 201);
+//! # }
+//! ```
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::fingerprint::Fingerprint;
+use crate::metrics::{Metrics, Outcome};
+use crate::policy::Policy;
+use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::store::{Claim, ClaimOutcome, Store, StoreError};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The idempotency engine: a store, a clock and counters. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+    store_timeout: Option<Duration>,
+    unavailable_retry_after: Duration,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store_timeout", &self.inner.store_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with a request.
+#[derive(Debug)]
+pub enum Begin {
+    /// This request holds the key: run the handler, then [`ClaimGuard::complete`] or
+    /// [`ClaimGuard::release`].
+    Execute(ClaimGuard),
+    /// The key was completed by an earlier identical request: answer with this.
+    Replay(Replay),
+}
+
+/// A stored response to send again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The stored response.
+    pub response: StoredResponse,
+    /// Until when the key is remembered.
+    pub expires_at: Timestamp,
+}
+
+/// Why a request must not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The key was used for a different request (another body, method or path). Never retry this key.
+    #[error("this Idempotency-Key was already used for a different request")]
+    Mismatch {
+        /// When the key stops being remembered.
+        expires_at: Timestamp,
+    },
+    /// An identical request holds the key and did not finish within the wait bound. Retry later with
+    /// the same key.
+    #[error("a request with this Idempotency-Key is still being processed")]
+    InFlight {
+        /// A hint: when the holder's lease runs out (at least one second).
+        retry_after: Duration,
+    },
+    /// The key is past its ttl. Decide whether to send the request again under a new key.
+    #[error("this Idempotency-Key has expired")]
+    Expired {
+        /// When it expired.
+        expired_at: Timestamp,
+    },
+    /// The store could not be reached; nothing ran. Retry later with the same key.
+    #[error("the idempotency store is unavailable")]
+    Unavailable {
+        /// A hint for `Retry-After`.
+        retry_after: Duration,
+        /// What failed.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl Engine {
+    /// An engine over `store`, on the system clock, with a 5 s store timeout.
+    pub fn new(store: impl Store) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// An engine over a shared store.
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                clock: Arc::new(SystemClock),
+                metrics: Metrics::default(),
+                store_timeout: Some(Duration::from_secs(5)),
+                unavailable_retry_after: Duration::from_secs(1),
+            }),
+        }
+    }
+
+    fn rebuild(self, f: impl FnOnce(&mut Inner)) -> Self {
+        let old = match Arc::try_unwrap(self.inner) {
+            Ok(inner) => inner,
+            Err(shared) => Inner {
+                store: shared.store.clone(),
+                clock: shared.clock.clone(),
+                metrics: Metrics::default(),
+                store_timeout: shared.store_timeout,
+                unavailable_retry_after: shared.unavailable_retry_after,
+            },
+        };
+        let mut inner = old;
+        f(&mut inner);
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Uses `clock` for all record times (tests use [`ManualClock`](crate::clock::ManualClock)).
+    pub fn with_clock(self, clock: impl Clock) -> Self {
+        self.rebuild(|i| i.clock = Arc::new(clock))
+    }
+
+    /// Bounds every store call; a call that takes longer counts as the store being unavailable.
+    /// `None` disables the bound (do that under tokio's paused test clock with a store that does real
+    /// I/O, or auto-advancing time will fire the timeout).
+    pub fn with_store_timeout(self, timeout: Option<Duration>) -> Self {
+        self.rebuild(|i| i.store_timeout = timeout)
+    }
+
+    /// The `Retry-After` hint sent when the store is unavailable (default 1 s).
+    pub fn with_unavailable_retry_after(self, after: Duration) -> Self {
+        self.rebuild(|i| i.unavailable_retry_after = after)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The current time on the engine's clock.
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// The decision counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
+        self.inner.metrics.record(outcome);
+        match outcome {
+            Outcome::Executed | Outcome::Replayed | Outcome::Waited => tracing::debug!(
+                target: "idem", outcome = outcome.as_str(), handler = policy.handler,
+                scope = %key.scope, key = %key.key, "idempotency decision"
+            ),
+            Outcome::Unavailable | Outcome::CompletionFailed => tracing::warn!(
+                target: "idem", outcome = outcome.as_str(), handler = policy.handler,
+                scope = %key.scope, key = %key.key, "idempotency decision"
+            ),
+            _ => tracing::info!(
+                target: "idem", outcome = outcome.as_str(), handler = policy.handler,
+                scope = %key.scope, key = %key.key, "idempotency decision"
+            ),
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.inner.store_timeout {
+            Some(limit) => match tokio::time::timeout(limit, fut).await {
+                Ok(result) => result,
+                Err(elapsed) => Err(StoreError::unavailable(elapsed)),
+            },
+            None => fut.await,
+        }
+    }
+
+    fn unavailable(&self, source: StoreError, key: &RecordKey, policy: &Policy) -> Rejection {
+        self.record(Outcome::Unavailable, key, policy);
+        tracing::warn!(target: "idem", error = %source, "idempotency store call failed");
+        Rejection::Unavailable {
+            retry_after: self.inner.unavailable_retry_after,
+            source,
+        }
+    }
+
+    /// Decides what to do with one request: claim the key and run, replay, or reject. Waits up to
+    /// `policy.wait` for an identical in-flight request, woken by its completion.
+    pub async fn begin(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Begin, Rejection> {
+        let deadline = Instant::now() + policy.wait;
+        let mut subscription = None;
+        loop {
+            let now = self.inner.clock.now();
+            let token = FencingToken::generate();
+            let claim = Claim {
+                key: &key,
+                fingerprint,
+                token,
+                now,
+                lease_until: now + policy.lease,
+                expires_at: now + policy.ttl,
+                retain_until: now + policy.retain,
+            };
+            let found = match self.call(self.inner.store.claim(&claim)).await {
+                Ok(ClaimOutcome::Claimed { taken_over }) => {
+                    let outcome = if taken_over {
+                        Outcome::TakenOver
+                    } else {
+                        Outcome::Executed
+                    };
+                    self.record(outcome, &key, policy);
+                    return Ok(Begin::Execute(ClaimGuard {
+                        engine: self.clone(),
+                        expires_at: claim.expires_at,
+                        key,
+                        token,
+                        taken_over,
+                        armed: true,
+                        handler: policy.handler,
+                    }));
+                }
+                Ok(ClaimOutcome::Existing(record)) => record,
+                Err(e) => return Err(self.unavailable(e, &key, policy)),
+            };
+            match classify(&found, fingerprint, now) {
+                Found::Expired => {
+                    self.record(Outcome::Expired, &key, policy);
+                    return Err(Rejection::Expired {
+                        expired_at: found.expires_at,
+                    });
+                }
+                Found::Mismatch => {
+                    self.record(Outcome::Mismatch, &key, policy);
+                    return Err(Rejection::Mismatch {
+                        expires_at: found.expires_at,
+                    });
+                }
+                Found::Completed(response) => {
+                    if subscription.is_some() {
+                        self.record(Outcome::Waited, &key, policy);
+                    }
+                    self.record(Outcome::Replayed, &key, policy);
+                    return Ok(Begin::Replay(Replay {
+                        response,
+                        expires_at: found.expires_at,
+                    }));
+                }
+                Found::InFlight { lease_until } => {
+                    let lease_left = now.until(lease_until);
+                    let at_bound = Instant::now() >= deadline;
+                    if at_bound {
+                        self.record(Outcome::Conflict, &key, policy);
+                        return Err(Rejection::InFlight {
+                            retry_after: lease_left.max(Duration::from_secs(1)),
+                        });
+                    }
+                    match &mut subscription {
+                        // Subscribe, then claim again: a completion between the first claim and the
+                        // subscription would otherwise be missed.
+                        None => subscription = Some(self.inner.store.subscribe(&key)),
+                        Some(sub) => {
+                            // Wake on completion or release, when the lease runs out (takeover), or
+                            // at the deadline; never on a polling tick.
+                            let wake = deadline.min(Instant::now() + lease_left);
+                            tokio::select! {
+                                _ = sub.changed() => {}
+                                _ = tokio::time::sleep_until(wake) => {}
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Found {
+    Expired,
+    Mismatch,
+    Completed(StoredResponse),
+    InFlight { lease_until: Timestamp },
+}
+
+/// The order matters: an expired key is dead whatever it held; a different request never sees the
+/// original's response or waits for it.
+fn classify(record: &Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
+    if now >= record.expires_at {
+        Found::Expired
+    } else if record.fingerprint != fingerprint {
+        Found::Mismatch
+    } else {
+        match &record.state {
+            RecordState::Completed { response } => Found::Completed(response.clone()),
+            RecordState::InFlight { lease_until } => Found::InFlight {
+                lease_until: *lease_until,
+            },
+        }
+    }
+}
+
+/// The right to run the handler for one key. Complete it with the response, or release it so that a
+/// retry runs again. Dropped without either (a panic, a cancelled request), it releases the claim in
+/// the background, so a retry does not wait for the lease.
+#[derive(Debug)]
+pub struct ClaimGuard {
+    engine: Engine,
+    key: RecordKey,
+    token: FencingToken,
+    expires_at: Timestamp,
+    taken_over: bool,
+    armed: bool,
+    handler: &'static str,
+}
+
+impl ClaimGuard {
+    /// The claimed key.
+    pub fn key(&self) -> &RecordKey {
+        &self.key
+    }
+
+    /// This claim's fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Until when the key will be remembered.
+    pub fn expires_at(&self) -> Timestamp {
+        self.expires_at
+    }
+
+    /// Whether this claim took over a dead worker's.
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
+    }
+
+    /// Stores `response` for replay and wakes waiting duplicates. Fails with
+    /// [`StoreErrorKind::Fenced`](crate::store::StoreErrorKind::Fenced) if the lease ran out and
+    /// another request took the key over; the response is then not stored.
+    pub async fn complete(mut self, response: &StoredResponse) -> Result<(), StoreError> {
+        self.armed = false;
+        let result = self
+            .engine
+            .call(
+                self.engine
+                    .inner
+                    .store
+                    .complete(&self.key, self.token, response),
+            )
+            .await;
+        if let Err(e) = &result {
+            self.engine.inner.metrics.record(Outcome::CompletionFailed);
+            tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
+                key = %self.key.key, error = %e, "response could not be stored");
+        }
+        result
+    }
+
+    /// Gives the key up: the record is deleted and the next request with this key runs the handler.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        self.armed = false;
+        self.engine.inner.metrics.record(Outcome::Released);
+        self.engine
+            .call(self.engine.inner.store.release(&self.key, self.token))
+            .await
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.engine.inner.metrics.record(Outcome::Released);
+        let store = self.engine.inner.store.clone();
+        let key = std::mem::replace(&mut self.key, RecordKey::new("", ""));
+        let token = self.token;
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = store.release(&key, token).await {
+                    tracing::debug!(target: "idem", error = %e, "background release failed; the lease will run out");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! # idem: make retried HTTP requests safe
+//!
+//! A client that sends "charge 1000" and hears nothing cannot know whether the request or only the
+//! answer was lost, so it retries with the same `Idempotency-Key`. idem recognises the retry: the
+//! handler runs once, its response is stored, and every retry gets the stored response.
+//!
+//! - [`Engine`] is the claim / replay state machine, usable by hand.
+//! - [`store`] holds the storage contract and its backends (memory, SQLite, PostgreSQL, Redis).
+//! - [`Policy`] states ttl, lease, wait, what to do without a key, and what a replay returns.
+//! - [`sweeper::Sweeper`] purges records past retention in batches.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+pub mod clock;
+pub mod engine;
+pub mod fingerprint;
+pub mod key;
+pub mod metrics;
+pub mod policy;
+pub mod record;
+pub mod store;
+pub mod sweeper;
+mod waiters;
+
+pub use engine::{Begin, ClaimGuard, Engine, Rejection, Replay};
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyError};
+pub use policy::Policy;
+pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+pub use store::{Store, StoreError, StoreErrorKind};

@@ -1,0 +1,298 @@
+//! A handler's idempotency policy: how long keys live, how long a claim is held, what is stored.
+//!
+//! A [`Policy`] is built with `const fn`s so that a service can state its payment policy once, checked
+//! at compile time, and share it between handlers:
+//!
+//! ```
+//! use idem_runtime::policy::{MissingKey, Policy, ReplayMode};
+//! use std::time::Duration;
+//!
+//! pub const PAYMENTS: Policy = Policy::new()
+//!     .ttl(Duration::from_secs(24 * 3600))
+//!     .retain(Duration::from_secs(7 * 24 * 3600))
+//!     .missing_key(MissingKey::Reject)
+//!     .replay(ReplayMode::Full);
+//! assert_eq!(PAYMENTS.ttl.as_secs(), 86_400);
+//! ```
+//!
+//! The `#[idempotent]` attribute checks the same rules at compile time and points at the offending
+//! option; [`Policy::validate`] checks them for policies built by hand.
+
+use std::time::Duration;
+
+/// The longest `ttl` and `retain` accepted: one year. Longer almost certainly means a unit mistake.
+pub const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// What to do with a request that carries no `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Answer 400: the endpoint requires a key.
+    Reject,
+    /// Run the handler unprotected and count it, so operators see when they can tighten to `Reject`.
+    Pass,
+    /// Derive a key from the scope, method, path and canonical body, valid for `derive_window`:
+    /// a stop-gap against double taps from clients that cannot be updated yet.
+    Derive,
+}
+
+/// What a replay returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// The stored status, replayable headers and body (up to the body cap).
+    Full,
+    /// Only the status, `Location` and the resource id (`{"id": …}` taken from a JSON body): keeps the
+    /// store small and points clients at the current state behind `Location`.
+    Minimal,
+}
+
+/// The idempotency policy of one handler (or one family of handlers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Policy {
+    /// How long a key is remembered and replayed; after it, the key answers "expired".
+    pub ttl: Duration,
+    /// How long an expired key is still remembered as a tombstone (measured from the claim, ≥ `ttl`).
+    pub retain: Duration,
+    /// How long a claim is held without completion before another request may take it over (the
+    /// original worker is presumed dead).
+    pub lease: Duration,
+    /// How long a duplicate waits for the in-flight original before answering 409.
+    pub wait: Duration,
+    /// What to do without a key.
+    pub missing_key: MissingKey,
+    /// With [`MissingKey::Derive`]: how long a derived key lives.
+    pub derive_window: Duration,
+    /// With [`MissingKey::Pass`]: from this instant (ms since the Unix epoch) on, reject instead.
+    pub reject_after_ms: Option<i64>,
+    /// What a replay returns.
+    pub replay: ReplayMode,
+    /// The largest response body stored; larger bodies are stored as in [`ReplayMode::Minimal`].
+    pub max_stored_body: usize,
+    /// The largest request body accepted (413 beyond).
+    pub max_request_body: usize,
+    /// Response headers replayed besides `Content-Type`, `Content-Language` and `Location`
+    /// (lower-case names). `Set-Cookie` and hop-by-hop headers are never replayed.
+    pub replay_headers: &'static [&'static str],
+    /// The handler's name, for logs and metrics.
+    pub handler: &'static str,
+}
+
+/// A contradiction or out-of-range value in a [`Policy`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A duration that must be positive is zero.
+    #[error("`{0}` must be greater than zero")]
+    Zero(&'static str),
+    /// `ttl` or `retain` above [`MAX_TTL`].
+    #[error("`{0}` must be at most 366 days")]
+    TooLong(&'static str),
+    /// `retain` shorter than `ttl`.
+    #[error("`retain` must be at least `ttl`: tombstones outlive the keys they remember")]
+    RetainShorterThanTtl,
+    /// `derive_window` longer than `ttl`.
+    #[error("`derive_window` must not exceed `ttl`")]
+    DeriveWindowLongerThanTtl,
+    /// `reject_after` without `missing_key = pass`.
+    #[error("`reject_after` only applies with `missing_key = pass`")]
+    RejectAfterWithoutPass,
+}
+
+impl Policy {
+    /// The defaults: ttl 24 h, retain 7 d, lease 30 s, wait 10 s, keys required, full replays,
+    /// bodies stored up to 64 KiB, requests up to 1 MiB.
+    pub const fn new() -> Self {
+        Self {
+            ttl: Duration::from_secs(24 * 3600),
+            retain: Duration::from_secs(7 * 24 * 3600),
+            lease: Duration::from_secs(30),
+            wait: Duration::from_secs(10),
+            missing_key: MissingKey::Reject,
+            derive_window: Duration::from_secs(10),
+            reject_after_ms: None,
+            replay: ReplayMode::Full,
+            max_stored_body: 64 * 1024,
+            max_request_body: 1024 * 1024,
+            replay_headers: &[],
+            handler: "",
+        }
+    }
+
+    /// Sets `ttl`; `retain` grows to `ttl` if it was shorter.
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        if self.retain.as_millis() < ttl.as_millis() {
+            self.retain = ttl;
+        }
+        self
+    }
+
+    /// Sets `retain`.
+    pub const fn retain(mut self, retain: Duration) -> Self {
+        self.retain = retain;
+        self
+    }
+
+    /// Sets `lease`.
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets `wait` (zero: answer 409 at once).
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets what happens without a key.
+    pub const fn missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// Sets `derive_window`.
+    pub const fn derive_window(mut self, window: Duration) -> Self {
+        self.derive_window = window;
+        self
+    }
+
+    /// Sets `reject_after` as milliseconds since the Unix epoch (the attribute takes a date).
+    pub const fn reject_after_ms(mut self, at_ms: i64) -> Self {
+        self.reject_after_ms = Some(at_ms);
+        self
+    }
+
+    /// Sets the replay mode.
+    pub const fn replay(mut self, replay: ReplayMode) -> Self {
+        self.replay = replay;
+        self
+    }
+
+    /// Sets the stored-body cap.
+    pub const fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.max_stored_body = bytes;
+        self
+    }
+
+    /// Sets the request-body limit.
+    pub const fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// Sets the extra replayed response headers (lower-case names).
+    pub const fn replay_headers(mut self, names: &'static [&'static str]) -> Self {
+        self.replay_headers = names;
+        self
+    }
+
+    /// Sets the handler name used in logs and metrics.
+    pub const fn handler(mut self, name: &'static str) -> Self {
+        self.handler = name;
+        self
+    }
+
+    /// Checks the rules the attribute enforces at compile time.
+    pub const fn validate(&self) -> Result<(), PolicyError> {
+        if self.ttl.is_zero() {
+            return Err(PolicyError::Zero("ttl"));
+        }
+        if self.lease.is_zero() {
+            return Err(PolicyError::Zero("lease"));
+        }
+        if self.ttl.as_millis() > MAX_TTL.as_millis() {
+            return Err(PolicyError::TooLong("ttl"));
+        }
+        if self.retain.as_millis() > MAX_TTL.as_millis() {
+            return Err(PolicyError::TooLong("retain"));
+        }
+        if self.retain.as_millis() < self.ttl.as_millis() {
+            return Err(PolicyError::RetainShorterThanTtl);
+        }
+        if matches!(self.missing_key, MissingKey::Derive) {
+            if self.derive_window.is_zero() {
+                return Err(PolicyError::Zero("derive_window"));
+            }
+            if self.derive_window.as_millis() > self.ttl.as_millis() {
+                return Err(PolicyError::DeriveWindowLongerThanTtl);
+            }
+        }
+        if self.reject_after_ms.is_some() && !matches!(self.missing_key, MissingKey::Pass) {
+            return Err(PolicyError::RejectAfterWithoutPass);
+        }
+        Ok(())
+    }
+
+    /// Panics at compile time when used in a `const` and the policy is invalid: `const P: Policy =
+    /// Policy::new().ttl(..).checked();` turns a contradiction into a build error.
+    pub const fn checked(self) -> Self {
+        match self.validate() {
+            Ok(()) => self,
+            Err(PolicyError::Zero(_)) => {
+                panic!("idem policy: a duration that must be positive is zero")
+            }
+            Err(PolicyError::TooLong(_)) => {
+                panic!("idem policy: ttl and retain must be at most 366 days")
+            }
+            Err(PolicyError::RetainShorterThanTtl) => {
+                panic!("idem policy: `retain` must be at least `ttl`")
+            }
+            Err(PolicyError::DeriveWindowLongerThanTtl) => {
+                panic!("idem policy: `derive_window` must not exceed `ttl`")
+            }
+            Err(PolicyError::RejectAfterWithoutPass) => {
+                panic!("idem policy: `reject_after` only applies with `missing_key = pass`")
+            }
+        }
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_contradictions_are_not() {
+        assert_eq!(Policy::new().validate(), Ok(()));
+        assert_eq!(
+            Policy::new().ttl(Duration::ZERO).validate(),
+            Err(PolicyError::Zero("ttl"))
+        );
+        assert_eq!(
+            Policy::new().retain(Duration::from_secs(1)).validate(),
+            Err(PolicyError::RetainShorterThanTtl)
+        );
+        assert_eq!(
+            Policy::new()
+                .missing_key(MissingKey::Derive)
+                .ttl(Duration::from_secs(5))
+                .derive_window(Duration::from_secs(6))
+                .validate(),
+            Err(PolicyError::DeriveWindowLongerThanTtl)
+        );
+        assert_eq!(
+            Policy::new().reject_after_ms(0).validate(),
+            Err(PolicyError::RejectAfterWithoutPass)
+        );
+        assert_eq!(
+            Policy::new()
+                .ttl(Duration::from_secs(400 * 24 * 3600))
+                .validate(),
+            Err(PolicyError::TooLong("ttl"))
+        );
+    }
+
+    #[test]
+    fn a_longer_ttl_pulls_retain_along() {
+        let p = Policy::new().ttl(Duration::from_secs(30 * 24 * 3600));
+        assert_eq!(p.retain, p.ttl);
+        assert_eq!(p.validate(), Ok(()));
+    }
+}

@@ -1,0 +1,137 @@
+//! What a store keeps per key: the claim, and once completed, the response to replay.
+
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use bytes::Bytes;
+use std::fmt;
+
+/// A key as stored: the caller's scope plus the client's key. Two scopes never share a record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey {
+    /// Who is asking: a user or tenant id, or `"global"` for handlers that opted out of scoping.
+    pub scope: String,
+    /// The client's `Idempotency-Key` (or a derived key).
+    pub key: String,
+}
+
+impl RecordKey {
+    /// A key for `key` within `scope`.
+    pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            scope: scope.into(),
+            key: key.into(),
+        }
+    }
+}
+
+impl fmt::Display for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.scope, self.key)
+    }
+}
+
+/// Identifies one claim of a key. A completion or release carrying an older token than the record's
+/// (a worker whose lease ran out and whose claim was taken over) is refused.
+///
+/// Tokens are random, not counters, so that a key released and claimed afresh never hands an old
+/// worker's token to a new claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(pub i64);
+
+impl FencingToken {
+    /// A fresh token: 63 random bits (positive, so it fits a signed SQL column unchanged).
+    pub fn generate() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        // RandomState is seeded from the OS once per process and per-thread incremented; hashing a
+        // process-wide counter through it gives distinct, unpredictable values without a rand dependency.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        Self((h.finish() >> 1) as i64)
+    }
+}
+
+/// The response stored for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The HTTP status code.
+    pub status: u16,
+    /// Replayable headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The body (empty in minimal mode unless the resource id was found).
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Encodes the headers for a text or blob column: a JSON array of `[name, value]` pairs.
+    pub fn encode_headers(&self) -> String {
+        serde_json::to_string(&self.headers).unwrap_or_else(|_| "[]".to_owned())
+    }
+
+    /// Decodes [`encode_headers`](Self::encode_headers) output.
+    pub fn decode_headers(s: &str) -> Result<Vec<(String, String)>, serde_json::Error> {
+        serde_json::from_str(s)
+    }
+}
+
+/// Where a record stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// Claimed; the handler is (presumably) running until `lease_until`.
+    InFlight {
+        /// After this instant the claim may be taken over.
+        lease_until: Timestamp,
+    },
+    /// The handler finished; this is what retries get.
+    Completed {
+        /// The stored response.
+        response: StoredResponse,
+    },
+}
+
+/// One key's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The fingerprint of the request that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// The current claim's token.
+    pub token: FencingToken,
+    /// When the key was first claimed.
+    pub created_at: Timestamp,
+    /// When the key stops being replayed and answers "expired".
+    pub expires_at: Timestamp,
+    /// When the record may be purged; until then an expired key is remembered as a tombstone.
+    pub retain_until: Timestamp,
+    /// In flight or completed.
+    pub state: RecordState,
+}
+
+impl Record {
+    /// A fresh in-flight record for `claim`.
+    pub fn new_claim(claim: &crate::store::Claim<'_>) -> Self {
+        Self {
+            fingerprint: claim.fingerprint,
+            token: claim.token,
+            created_at: claim.now,
+            expires_at: claim.expires_at,
+            retain_until: claim.retain_until,
+            state: RecordState::InFlight {
+                lease_until: claim.lease_until,
+            },
+        }
+    }
+
+    /// Whether `claim` may take this record over: in flight, lease run out, same request, not
+    /// expired. Every store applies exactly this rule (in SQL, in Lua, or here).
+    pub fn can_take_over(&self, claim: &crate::store::Claim<'_>) -> bool {
+        matches!(self.state, RecordState::InFlight { lease_until } if lease_until <= claim.now)
+            && self.fingerprint == claim.fingerprint
+            && claim.now < self.expires_at
+    }
+
+    /// Whether the record is past retention and counts as absent.
+    pub fn is_forgotten(&self, now: Timestamp) -> bool {
+        self.retain_until <= now
+    }
+}

@@ -1,0 +1,1 @@
+//! The postgres store (in progress).

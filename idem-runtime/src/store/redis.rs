@@ -1,0 +1,1 @@
+//! The redis store (in progress).

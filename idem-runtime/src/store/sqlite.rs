@@ -1,0 +1,1 @@
+//! The sqlite store (in progress).
