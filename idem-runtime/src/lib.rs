@@ -11,6 +11,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod axum;
 pub mod clock;
 pub mod engine;
 pub mod fingerprint;
@@ -28,3 +31,13 @@ pub use key::{IdempotencyKey, KeyError};
 pub use policy::Policy;
 pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 pub use store::{Store, StoreError, StoreErrorKind};
+
+#[cfg(feature = "axum")]
+#[doc(hidden)]
+pub use crate::axum::private as __private;
+
+/// Makes an axum handler idempotent. See [`idem_macros::idempotent`] for every option.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[doc(inline)]
+pub use idem_macros::idempotent;

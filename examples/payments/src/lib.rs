@@ -1,0 +1,1 @@
+//! A small payments API protected by idem (in progress).

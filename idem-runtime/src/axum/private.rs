@@ -1,0 +1,168 @@
+//! Items the `#[idempotent]` expansion names. Not a public API: no stability guarantees.
+//!
+//! The expansion of
+//!
+//! ```ignore
+//! #[idempotent(scope = "user", ttl = "24h")]
+//! async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<New>) -> impl IntoResponse { BODY }
+//! ```
+//!
+//! is, in essence:
+//!
+//! ```ignore
+//! async fn create(
+//!     __idem_engine: ::idem_runtime::__private::EngineState,
+//!     State(app): State<App>,
+//!     user: AuthUser,
+//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
+//! ) -> ::idem_runtime::__private::Response {
+//!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
+//!         .ttl(::idem_runtime::__private::Duration::from_secs(86400))
+//!         .handler("create")
+//!         .checked();
+//!     let __idem_scope = ::idem_runtime::__private::scope_id(&user);
+//!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move { BODY }).await
+//! }
+//! ```
+
+pub use crate::engine::Engine;
+pub use crate::policy::{MissingKey, Policy, ReplayMode};
+pub use ::axum::response::Response;
+pub use core::time::Duration;
+
+use ::axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use ::axum::http::request::Parts;
+use ::axum::response::IntoResponse;
+use bytes::Bytes;
+use std::borrow::Cow;
+use std::future::Future;
+
+/// The scope string of handlers declared `scope = "global"`.
+pub const GLOBAL_SCOPE: &str = "global";
+
+/// Extracts the [`Engine`] from the router state (`Engine: FromRef<S>`), so that a router whose
+/// state holds no engine fails to compile.
+#[derive(Debug, Clone)]
+pub struct EngineState(pub Engine);
+
+impl<S> FromRequestParts<S> for EngineState
+where
+    Engine: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(_parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(Engine::from_ref(state)))
+    }
+}
+
+/// What the engine needs from the request, captured while extracting the last parameter.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The request method.
+    pub method: ::axum::http::Method,
+    /// Path and query.
+    pub path: String,
+    /// The `Content-Type` header, if any and visible ASCII.
+    pub content_type: Option<String>,
+    /// Every `Idempotency-Key` header value.
+    pub keys: Vec<::axum::http::HeaderValue>,
+    /// The buffered body (also handed to the wrapped extractor).
+    pub body: Bytes,
+}
+
+/// Wraps the handler's last parameter: buffers the body (up to `LIMIT` bytes, else 413), records what
+/// the fingerprint needs, and hands the same bytes to the wrapped extractor `T`.
+#[derive(Debug)]
+pub struct WithBody<T, const LIMIT: usize>(pub T, pub RequestContext);
+
+/// The marker for [`WithBody`] around an extractor that reads only the request head.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum ViaPartsExtractor {}
+
+impl<S, T, const LIMIT: usize> FromRequest<S> for WithBody<T, LIMIT>
+where
+    T: FromRequest<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let bytes = ::axum::body::to_bytes(body, LIMIT)
+            .await
+            .map_err(|_| ::axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response())?;
+        let ctx = context(&parts, bytes.clone());
+        let req = Request::from_parts(parts, ::axum::body::Body::from(bytes));
+        let inner = T::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self(inner, ctx))
+    }
+}
+
+impl<S, T, const LIMIT: usize> FromRequest<S, ViaPartsExtractor> for WithBody<T, LIMIT>
+where
+    T: FromRequestParts<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let bytes = ::axum::body::to_bytes(body, LIMIT)
+            .await
+            .map_err(|_| ::axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response())?;
+        let inner = T::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self(inner, context(&parts, bytes)))
+    }
+}
+
+fn context(parts: &Parts, body: Bytes) -> RequestContext {
+    RequestContext {
+        method: parts.method.clone(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str().to_owned())
+            .unwrap_or_else(|| parts.uri.path().to_owned()),
+        content_type: parts
+            .headers
+            .get(::axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        keys: parts
+            .headers
+            .get_all("idempotency-key")
+            .iter()
+            .cloned()
+            .collect(),
+        body,
+    }
+}
+
+/// The scope id of the `scope` parameter. Fails to compile (pointing at the parameter) when its type
+/// does not implement [`Scope`](super::Scope).
+pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'_, str> {
+    value.scope_id()
+}
+
+/// Runs `handler` under idempotency protection. (Stub: runs the handler unprotected.)
+pub async fn run<F, R>(
+    engine: EngineState,
+    policy: &'static Policy,
+    scope: Cow<'_, str>,
+    request: RequestContext,
+    handler: F,
+) -> Response
+where
+    F: Future<Output = R>,
+    R: IntoResponse,
+{
+    let _ = (engine, policy, scope, request);
+    handler.await.into_response()
+}
