@@ -1,1 +1,5 @@
-//! Shared helpers for the workspace tests.
+//! Workspace-level test support: the store conformance suite that every backend runs, and helpers for
+//! reaching the PostgreSQL and Redis services the tests need.
+
+pub mod conformance;
+pub mod services;

@@ -1,0 +1,731 @@
+//! The store conformance suite: one set of cases, run against every backend.
+//!
+//! A backend's test file implements [`Backend`] and invokes [`conformance_suite!`], which expands to
+//! one `#[tokio::test]` per case:
+//!
+//! ```ignore
+//! struct Memory;
+//! #[async_trait::async_trait]
+//! impl Backend for Memory { /* ... */ }
+//! async fn backend() -> Option<Memory> { Some(Memory) }
+//! idem_tests::conformance_suite!(backend);
+//! ```
+//!
+//! Time is a [`ManualClock`]: expiry, lease takeover and purging are driven by moving it, never by
+//! sleeping. Waiting is synchronised on the store's own subscription (a wrapper signals when the
+//! duplicate has subscribed), so no case depends on timing.
+
+use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::store::{Claim, ClaimOutcome, Purge, Subscription};
+use idem_runtime::sweeper::Sweeper;
+use idem_runtime::{
+    Begin, Engine, FencingToken, Fingerprint, Policy, Record, RecordKey, RecordState, Rejection,
+    Store, StoreError, StoreErrorKind, StoredResponse,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Barrier, Notify};
+
+/// A store backend under test.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The store type.
+    type Store: Store + Purge;
+
+    /// Opens a handle onto this backend's storage. For durable backends, every handle sees the same
+    /// records (two handles are two service instances; reopening is a restart).
+    async fn open(&self) -> Self::Store;
+
+    /// Whether records survive dropping every handle and opening a new one.
+    fn durable(&self) -> bool;
+
+    /// A store of this kind that cannot reach its storage, for the "unavailable" outcome; `None`
+    /// where that cannot happen (memory), and the suite then injects failures with a wrapper.
+    async fn unreachable(&self) -> Option<Self::Store>;
+}
+
+/// The time every case starts at.
+pub const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
+
+const TTL: Duration = Duration::from_secs(3600);
+const RETAIN: Duration = Duration::from_secs(4 * 3600);
+const LEASE: Duration = Duration::from_secs(30);
+
+/// The policy the cases use unless they say otherwise: no waiting.
+pub fn policy() -> Policy {
+    Policy::new()
+        .ttl(TTL)
+        .retain(RETAIN)
+        .lease(LEASE)
+        .wait(Duration::ZERO)
+        .handler("conformance")
+}
+
+fn waiting_policy() -> Policy {
+    policy().wait(Duration::from_secs(60))
+}
+
+/// A unique key within a unique scope, so that cases never meet even on a shared server.
+pub fn fresh_key() -> RecordKey {
+    RecordKey::new(format!("scope-{}", uuid::Uuid::new_v4()), "key-1")
+}
+
+/// A fingerprint distinguished by `body`.
+pub fn fp(body: &str) -> Fingerprint {
+    Fingerprint::of_request(
+        "POST",
+        "/payments",
+        Some("application/json"),
+        body.as_bytes(),
+    )
+}
+
+/// A response with a binary body and a few headers, to check round trips.
+pub fn response(tag: &str) -> StoredResponse {
+    let mut body = tag.as_bytes().to_vec();
+    body.extend_from_slice(&[0, 159, 146, 150, 255]);
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("location".into(), format!("/payments/{tag}")),
+        ],
+        body: body.into(),
+    }
+}
+
+/// A store wrapper that signals each subscription, so a case can complete the original only once the
+/// duplicate is waiting.
+pub struct Observed<S> {
+    inner: S,
+    /// Notified once per `subscribe` call.
+    pub subscribed: Arc<Notify>,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Store for Observed<S> {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(claim).await
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, token, response).await
+    }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key, now).await
+    }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        let sub = self.inner.subscribe(key);
+        self.subscribed.notify_one();
+        sub
+    }
+}
+
+/// A store that is down.
+struct Down;
+
+#[async_trait::async_trait]
+impl Store for Down {
+    async fn claim(&self, _: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn complete(
+        &self,
+        _: &RecordKey,
+        _: FencingToken,
+        _: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn release(&self, _: &RecordKey, _: FencingToken) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn get(&self, _: &RecordKey, _: Timestamp) -> Result<Option<Record>, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    fn subscribe(&self, _: &RecordKey) -> Subscription {
+        Subscription::never()
+    }
+}
+
+/// One store handle, an engine on a manual clock, and the clock.
+pub struct Harness<S: Store> {
+    /// The store under test.
+    pub store: Arc<Observed<S>>,
+    /// The clock the engine stamps records with.
+    pub clock: ManualClock,
+    /// The engine.
+    pub engine: Engine,
+}
+
+impl<S: Store> Harness<S> {
+    /// A harness over `store` at [`T0`].
+    pub fn new(store: S) -> Self {
+        Self::with_clock(store, ManualClock::new(T0))
+    }
+
+    /// A harness over `store` sharing `clock` (a second instance).
+    pub fn with_clock(store: S, clock: ManualClock) -> Self {
+        let store = Arc::new(Observed {
+            inner: store,
+            subscribed: Arc::new(Notify::new()),
+        });
+        let engine = Engine::from_arc(store.clone())
+            .with_clock(clock.clone())
+            .with_store_timeout(Some(Duration::from_secs(10)));
+        Self {
+            store,
+            clock,
+            engine,
+        }
+    }
+
+    async fn get(&self, key: &RecordKey) -> Option<Record> {
+        self.store.get(key, self.clock.now()).await.expect("get")
+    }
+}
+
+fn execute(begin: Result<Begin, Rejection>) -> idem_runtime::ClaimGuard {
+    match begin {
+        Ok(Begin::Execute(guard)) => guard,
+        other => panic!("expected Execute, got {other:?}"),
+    }
+}
+
+fn replay(begin: Result<Begin, Rejection>) -> idem_runtime::Replay {
+    match begin {
+        Ok(Begin::Replay(replay)) => replay,
+        other => panic!("expected Replay, got {other:?}"),
+    }
+}
+
+/// Outcome 1 and 2: a new key runs; the record holds exactly what was claimed and then completed;
+/// the retry replays it byte for byte.
+pub async fn new_key_executes_then_replays<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    assert!(!guard.taken_over());
+    assert_eq!(guard.expires_at(), T0 + TTL);
+
+    let record = h.get(&key).await.expect("claimed record");
+    assert_eq!(record.fingerprint, fp("a"));
+    assert_eq!(record.token, guard.token());
+    assert_eq!(record.created_at, T0);
+    assert_eq!(record.expires_at, T0 + TTL);
+    assert_eq!(record.retain_until, T0 + RETAIN);
+    assert_eq!(
+        record.state,
+        RecordState::InFlight {
+            lease_until: T0 + LEASE
+        }
+    );
+
+    guard.complete(&response("a")).await.expect("complete");
+    let record = h.get(&key).await.expect("completed record");
+    assert_eq!(
+        record.state,
+        RecordState::Completed {
+            response: response("a")
+        }
+    );
+
+    h.clock.advance(Duration::from_secs(60));
+    let replayed = replay(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    assert_eq!(replayed.response, response("a"));
+    assert_eq!(replayed.expires_at, T0 + TTL);
+    use idem_runtime::metrics::Outcome;
+    assert_eq!(h.engine.metrics().get(Outcome::Executed), 1);
+    assert_eq!(h.engine.metrics().get(Outcome::Replayed), 1);
+}
+
+/// An empty body and an error status are stored as faithfully as a 201.
+pub async fn stored_response_round_trips<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let stored = StoredResponse {
+        status: 409,
+        headers: vec![],
+        body: bytes::Bytes::new(),
+    };
+    execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
+        .complete(&stored)
+        .await
+        .expect("complete");
+    assert_eq!(
+        replay(h.engine.begin(key, fp("a"), &policy()).await).response,
+        stored
+    );
+}
+
+/// Outcome 3: the same key with another request is a mismatch, whether the original completed or is
+/// still in flight, and never waits for or sees the original's response.
+pub async fn different_request_is_a_mismatch<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(
+        h.engine
+            .begin(key.clone(), fp("a"), &waiting_policy())
+            .await,
+    );
+    let in_flight = h
+        .engine
+        .begin(key.clone(), fp("b"), &waiting_policy())
+        .await;
+    assert!(
+        matches!(in_flight, Err(Rejection::Mismatch { .. })),
+        "{in_flight:?}"
+    );
+    guard.complete(&response("a")).await.expect("complete");
+    let completed = h.engine.begin(key.clone(), fp("b"), &policy()).await;
+    assert!(matches!(completed, Err(Rejection::Mismatch { expires_at }) if expires_at == T0 + TTL));
+    // The mismatch left the record alone.
+    assert_eq!(h.get(&key).await.expect("record").fingerprint, fp("a"));
+}
+
+/// Outcome 4: an identical duplicate waits for the in-flight original, is woken by its completion,
+/// and replays it.
+pub async fn duplicate_waits_then_replays<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    let subscribed = h.store.subscribed.clone();
+    let engine = h.engine.clone();
+    let k = key.clone();
+    let duplicate = tokio::spawn(async move { engine.begin(k, fp("a"), &waiting_policy()).await });
+    subscribed.notified().await;
+    guard.complete(&response("a")).await.expect("complete");
+    // The wait bound is 60 s; only the completion's wake-up gets a replay (at the bound it is a 409).
+    let replayed = replay(duplicate.await.expect("join"));
+    assert_eq!(replayed.response, response("a"));
+    use idem_runtime::metrics::Outcome;
+    assert_eq!(h.engine.metrics().get(Outcome::Waited), 1);
+}
+
+/// Outcome 4, at the bound: still running when the wait runs out is a conflict with a retry hint.
+pub async fn in_flight_at_the_bound_is_a_conflict<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let _guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    match h.engine.begin(key.clone(), fp("a"), &policy()).await {
+        Err(Rejection::InFlight { retry_after }) => {
+            assert!(
+                retry_after >= Duration::from_secs(1) && retry_after <= LEASE,
+                "{retry_after:?}"
+            )
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    // A short wait that the original outlasts ends the same way.
+    let short = policy().wait(Duration::from_millis(20));
+    let waited = h.engine.begin(key, fp("a"), &short).await;
+    assert!(
+        matches!(waited, Err(Rejection::InFlight { .. })),
+        "{waited:?}"
+    );
+}
+
+/// Outcome 5: a claim whose lease ran out is taken over with a new token; the old worker's late
+/// completion and release are fenced off and change nothing.
+pub async fn dead_worker_is_taken_over_and_fenced<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let old = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    h.clock.advance(LEASE);
+    // Another request may not take it over.
+    let other = h.engine.begin(key.clone(), fp("b"), &policy()).await;
+    assert!(
+        matches!(other, Err(Rejection::Mismatch { .. })),
+        "{other:?}"
+    );
+    let new = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    assert!(new.taken_over());
+    assert_ne!(new.token(), old.token());
+    let record = h.get(&key).await.expect("record");
+    assert_eq!(record.token, new.token());
+    assert_eq!(record.created_at, T0, "a takeover keeps the key's lifetime");
+    assert_eq!(record.expires_at, T0 + TTL);
+    assert_eq!(
+        record.state,
+        RecordState::InFlight {
+            lease_until: T0 + LEASE + LEASE
+        }
+    );
+
+    let late = old.complete(&response("old")).await;
+    assert_eq!(late.expect_err("fenced").kind(), StoreErrorKind::Fenced);
+    assert_eq!(h.get(&key).await.expect("record").token, new.token());
+
+    new.complete(&response("new")).await.expect("complete");
+    assert_eq!(
+        replay(h.engine.begin(key.clone(), fp("a"), &policy()).await).response,
+        response("new")
+    );
+
+    // A late release is fenced too.
+    let key2 = fresh_key();
+    let old2 = execute(h.engine.begin(key2.clone(), fp("a"), &policy()).await);
+    h.clock.advance(LEASE);
+    let new2 = execute(h.engine.begin(key2.clone(), fp("a"), &policy()).await);
+    assert_eq!(
+        old2.release().await.expect_err("fenced").kind(),
+        StoreErrorKind::Fenced
+    );
+    assert_eq!(h.get(&key2).await.expect("record").token, new2.token());
+    new2.complete(&response("b")).await.expect("complete");
+}
+
+/// Outcome 6: past its ttl a key answers "expired" (whatever is asked), is kept as a tombstone until
+/// retention ends, is purged then, and only then runs again as a new key.
+pub async fn expired_key_is_a_tombstone_until_purged<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
+        .complete(&response("a"))
+        .await
+        .expect("complete");
+    h.clock.advance(TTL);
+    for body in ["a", "b"] {
+        match h.engine.begin(key.clone(), fp(body), &policy()).await {
+            Err(Rejection::Expired { expired_at }) => assert_eq!(expired_at, T0 + TTL),
+            other => panic!("expected Expired, got {other:?}"),
+        }
+    }
+    assert!(h.get(&key).await.is_some(), "the tombstone is still there");
+    assert_eq!(
+        h.store
+            .inner
+            .purge_expired(h.clock.now(), 100)
+            .await
+            .expect("purge"),
+        0
+    );
+
+    h.clock.advance(RETAIN - TTL);
+    assert!(
+        h.store
+            .inner
+            .purge_expired(h.clock.now(), 100)
+            .await
+            .expect("purge")
+            >= 1
+    );
+    assert!(h.get(&key).await.is_none(), "purged");
+    let again = execute(h.engine.begin(key.clone(), fp("b"), &policy()).await);
+    assert!(!again.taken_over());
+    assert_eq!(h.get(&key).await.expect("record").created_at, T0 + RETAIN);
+}
+
+/// A key that was in flight when its ttl passed is expired too, not taken over.
+pub async fn expired_in_flight_key_is_not_taken_over<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let _dead = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    h.clock.advance(TTL);
+    let late = h.engine.begin(key, fp("a"), &policy()).await;
+    assert!(matches!(late, Err(Rejection::Expired { .. })), "{late:?}");
+}
+
+/// Records past retention count as absent even before a sweep deletes them.
+pub async fn forgotten_record_is_replaced_without_a_sweep<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
+        .complete(&response("a"))
+        .await
+        .expect("complete");
+    h.clock.advance(RETAIN);
+    assert!(
+        h.get(&key).await.is_none(),
+        "get hides records past retention"
+    );
+    let fresh = execute(h.engine.begin(key.clone(), fp("b"), &policy()).await);
+    assert!(!fresh.taken_over());
+    let record = h.get(&key).await.expect("record");
+    assert_eq!(record.fingerprint, fp("b"));
+    assert_eq!(record.created_at, T0 + RETAIN);
+}
+
+/// Outcome 7: when the store cannot be reached, the request is rejected as unavailable: it never
+/// gets a claim, so the handler never runs.
+pub async fn unreachable_store_is_unavailable<B: Backend>(b: B) {
+    let engine = match b.unreachable().await {
+        Some(store) => Engine::new(store).with_store_timeout(Some(Duration::from_secs(5))),
+        None => Engine::new(Down),
+    };
+    match engine.begin(fresh_key(), fp("a"), &policy()).await {
+        Err(Rejection::Unavailable {
+            retry_after,
+            source,
+        }) => {
+            assert_eq!(source.kind(), StoreErrorKind::Unavailable);
+            assert!(retry_after >= Duration::from_secs(1));
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// N identical requests at once, on two instances, elect exactly one executor; every other one
+/// waits and replays its response.
+pub async fn concurrent_claims_elect_exactly_one<B: Backend>(b: B) {
+    const N: usize = 24;
+    let first = Harness::new(b.open().await);
+    let second_store = if b.durable() {
+        Some(b.open().await)
+    } else {
+        None
+    };
+    let engines = match second_store {
+        Some(store) => {
+            let second = Harness::with_clock(store, first.clock.clone());
+            vec![first.engine.clone(), second.engine.clone()]
+        }
+        None => vec![first.engine.clone(), first.engine.clone()],
+    };
+    let key = fresh_key();
+    let barrier = Arc::new(Barrier::new(N));
+    let executed = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let engine = engines[i % 2].clone();
+        let (barrier, executed, key) = (barrier.clone(), executed.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            match engine.begin(key, fp("a"), &waiting_policy()).await {
+                Ok(Begin::Execute(guard)) => {
+                    executed.fetch_add(1, Ordering::SeqCst);
+                    guard.complete(&response("once")).await.expect("complete");
+                    response("once")
+                }
+                Ok(Begin::Replay(replay)) => replay.response,
+                Err(e) => panic!("request {i}: {e:?}"),
+            }
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.expect("join"), response("once"));
+    }
+    assert_eq!(executed.load(Ordering::SeqCst), 1);
+}
+
+/// A key belongs to its scope: two callers' identical keys never meet.
+pub async fn keys_are_scoped_to_the_caller<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let alice = RecordKey::new(format!("alice-{}", uuid::Uuid::new_v4()), "same-key");
+    let bob = RecordKey::new(format!("bob-{}", uuid::Uuid::new_v4()), "same-key");
+    execute(h.engine.begin(alice.clone(), fp("a"), &policy()).await)
+        .complete(&response("alice"))
+        .await
+        .expect("complete");
+    execute(h.engine.begin(bob.clone(), fp("a"), &policy()).await)
+        .complete(&response("bob"))
+        .await
+        .expect("complete");
+    assert_eq!(
+        replay(h.engine.begin(alice, fp("a"), &policy()).await).response,
+        response("alice")
+    );
+    assert_eq!(
+        replay(h.engine.begin(bob, fp("a"), &policy()).await).response,
+        response("bob")
+    );
+}
+
+/// A released claim (the handler failed) is gone: the next request runs, and a waiting duplicate is
+/// woken by the release and runs itself.
+pub async fn release_lets_the_next_request_run<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
+        .release()
+        .await
+        .expect("release");
+    assert!(h.get(&key).await.is_none());
+    let second = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    assert!(!second.taken_over());
+
+    let subscribed = h.store.subscribed.clone();
+    let engine = h.engine.clone();
+    let k = key.clone();
+    let waiter = tokio::spawn(async move { engine.begin(k, fp("a"), &waiting_policy()).await });
+    subscribed.notified().await;
+    second.release().await.expect("release");
+    let third = execute(waiter.await.expect("join"));
+    third.complete(&response("third")).await.expect("complete");
+}
+
+/// A claim dropped without completion (a panic, a cancelled request) is released in the background.
+pub async fn dropped_claim_is_released<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    let mut released = h.store.subscribe(&key);
+    drop(guard);
+    released.changed().await;
+    assert!(h.get(&key).await.is_none());
+}
+
+/// Completion and release need the record's current token and an in-flight record.
+pub async fn completion_requires_the_current_token<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    let stranger = FencingToken(guard.token().0.wrapping_add(1));
+    let err = h
+        .store
+        .complete(&key, stranger, &response("x"))
+        .await
+        .expect_err("fenced");
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    let err = h.store.release(&key, stranger).await.expect_err("fenced");
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    let token = guard.token();
+    guard.complete(&response("a")).await.expect("complete");
+    // Completed records cannot be completed again or released, even with the right token.
+    let again = h
+        .store
+        .complete(&key, token, &response("b"))
+        .await
+        .expect_err("fenced");
+    assert_eq!(again.kind(), StoreErrorKind::Fenced);
+    assert_eq!(
+        h.store
+            .release(&key, token)
+            .await
+            .expect_err("fenced")
+            .kind(),
+        StoreErrorKind::Fenced
+    );
+    let missing = h
+        .store
+        .complete(&fresh_key(), token, &response("c"))
+        .await
+        .expect_err("fenced");
+    assert_eq!(missing.kind(), StoreErrorKind::Fenced);
+    assert_eq!(
+        h.get(&key).await.expect("record").state,
+        RecordState::Completed {
+            response: response("a")
+        }
+    );
+}
+
+/// Durable backends keep records across a restart: completed keys replay, in-flight keys stay held.
+pub async fn restart_keeps_records<B: Backend>(b: B) {
+    if !b.durable() {
+        return;
+    }
+    let (done, held) = (fresh_key(), fresh_key());
+    {
+        let h = Harness::new(b.open().await);
+        execute(h.engine.begin(done.clone(), fp("a"), &policy()).await)
+            .complete(&response("a"))
+            .await
+            .expect("complete");
+        let guard = execute(h.engine.begin(held.clone(), fp("a"), &policy()).await);
+        std::mem::forget(guard); // the process dies holding it: no release
+    }
+    let h = Harness::new(b.open().await);
+    assert_eq!(
+        replay(h.engine.begin(done, fp("a"), &policy()).await).response,
+        response("a")
+    );
+    let busy = h.engine.begin(held, fp("a"), &policy()).await;
+    assert!(matches!(busy, Err(Rejection::InFlight { .. })), "{busy:?}");
+}
+
+/// Purging deletes only records past retention, at most a batch per call; the sweeper loops batches.
+pub async fn purge_deletes_in_batches<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let scope = format!("purge-{}", uuid::Uuid::new_v4());
+    for i in 0..25 {
+        let key = RecordKey::new(scope.clone(), format!("k{i}"));
+        execute(h.engine.begin(key, fp("a"), &policy()).await)
+            .complete(&response("a"))
+            .await
+            .expect("complete");
+    }
+    let live = RecordKey::new(scope.clone(), "live");
+    execute(
+        h.engine
+            .begin(live.clone(), fp("a"), &policy().retain(RETAIN * 2))
+            .await,
+    )
+    .complete(&response("live"))
+    .await
+    .expect("complete");
+    h.clock.advance(RETAIN);
+    // Other cases may share the server; count only at least our own batches.
+    let first = h
+        .store
+        .inner
+        .purge_expired(h.clock.now(), 10)
+        .await
+        .expect("purge");
+    assert_eq!(first, 10, "a batch is capped");
+    let sweeper = Sweeper::new(ArcPurge(h.store.clone()))
+        .batch_size(7)
+        .with_clock(h.clock.clone());
+    assert!(sweeper.sweep_once().await.expect("sweep") >= 15);
+    for i in 0..25 {
+        let key = RecordKey::new(scope.clone(), format!("k{i}"));
+        assert!(h.get(&key).await.is_none(), "k{i} purged");
+    }
+    assert!(
+        h.get(&live).await.is_some(),
+        "records within retention stay"
+    );
+}
+
+struct ArcPurge<S>(Arc<Observed<S>>);
+
+#[async_trait::async_trait]
+impl<S: Store + Purge> Purge for ArcPurge<S> {
+    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+        self.0.inner.purge_expired(now, batch).await
+    }
+}
+
+/// Expands to one `#[tokio::test]` per conformance case for the backend that `$make` (an async fn
+/// returning `Option<impl Backend>`; `None` means the service is unreachable outside CI) yields.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:path) => {
+        $crate::conformance_suite!(@cases $make;
+            new_key_executes_then_replays,
+            stored_response_round_trips,
+            different_request_is_a_mismatch,
+            duplicate_waits_then_replays,
+            in_flight_at_the_bound_is_a_conflict,
+            dead_worker_is_taken_over_and_fenced,
+            expired_key_is_a_tombstone_until_purged,
+            expired_in_flight_key_is_not_taken_over,
+            forgotten_record_is_replaced_without_a_sweep,
+            unreachable_store_is_unavailable,
+            concurrent_claims_elect_exactly_one,
+            keys_are_scoped_to_the_caller,
+            release_lets_the_next_request_run,
+            dropped_claim_is_released,
+            completion_requires_the_current_token,
+            restart_keeps_records,
+            purge_deletes_in_batches,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(backend) = $make().await else { return };
+                $crate::conformance::$case(backend).await;
+            }
+        )*
+    };
+}

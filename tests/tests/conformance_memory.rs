@@ -1,0 +1,26 @@
+//! The store conformance suite on the in-memory store.
+
+use idem_runtime::store::memory::MemoryStore;
+use idem_tests::conformance::Backend;
+
+struct Memory;
+
+#[async_trait::async_trait]
+impl Backend for Memory {
+    type Store = MemoryStore;
+    async fn open(&self) -> MemoryStore {
+        MemoryStore::new()
+    }
+    fn durable(&self) -> bool {
+        false
+    }
+    async fn unreachable(&self) -> Option<MemoryStore> {
+        None
+    }
+}
+
+async fn memory() -> Option<Memory> {
+    Some(Memory)
+}
+
+idem_tests::conformance_suite!(memory);
