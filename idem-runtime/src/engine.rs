@@ -436,3 +436,110 @@ impl Drop for ClaimGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::memory::MemoryStore;
+
+    /// Record time that follows tokio's (paused) clock, so lease expiry and tokio sleeps agree.
+    struct TokioClock {
+        base: Timestamp,
+        start: Instant,
+    }
+
+    impl Clock for TokioClock {
+        fn now(&self) -> Timestamp {
+            self.base + self.start.elapsed()
+        }
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint::of_request("POST", "/x", None, b"x")
+    }
+
+    fn response() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: "done".into(),
+        }
+    }
+
+    async fn until_waiting(store: &MemoryStore) {
+        while store.waiting_keys() == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_duplicate_is_woken_by_the_completion_not_by_time() {
+        let store = Arc::new(MemoryStore::new());
+        let engine =
+            Engine::from_arc(store.clone()).with_clock(ManualClock::new(Timestamp::from_millis(0)));
+        let policy = Policy::new().wait(Duration::from_secs(60));
+        let key = RecordKey::new("s", "k");
+        let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp(), &policy).await else {
+            panic!("first request executes")
+        };
+        let start = Instant::now();
+        let e = engine.clone();
+        let k = key.clone();
+        let duplicate = tokio::spawn(async move { e.begin(k, fp(), &policy).await });
+        until_waiting(&store).await;
+        guard.complete(&response()).await.unwrap();
+        let Ok(Begin::Replay(replay)) = duplicate.await.unwrap() else {
+            panic!("the duplicate replays")
+        };
+        assert_eq!(replay.response, response());
+        // The paused clock did not move: the wake-up came from the completion, not a timer or a poll.
+        assert_eq!(Instant::now(), start);
+        assert_eq!(engine.metrics().get(Outcome::Waited), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_duplicate_takes_over_when_the_lease_runs_out() {
+        let store = Arc::new(MemoryStore::new());
+        let start = Instant::now();
+        let clock = TokioClock {
+            base: Timestamp::from_millis(1_000_000),
+            start,
+        };
+        let engine = Engine::from_arc(store.clone()).with_clock(clock);
+        let policy = Policy::new()
+            .lease(Duration::from_secs(5))
+            .wait(Duration::from_secs(60));
+        let key = RecordKey::new("s", "k");
+        let Ok(Begin::Execute(dead)) = engine.begin(key.clone(), fp(), &policy).await else {
+            panic!("first request executes")
+        };
+        std::mem::forget(dead); // the worker dies without releasing
+        let Ok(Begin::Execute(heir)) = engine.begin(key, fp(), &policy).await else {
+            panic!("the duplicate takes over")
+        };
+        assert!(heir.taken_over());
+        // It woke exactly when the lease ran out, not at the 60 s bound and not on a polling tick.
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_is_bounded_and_ends_in_a_conflict() {
+        let store = Arc::new(MemoryStore::new());
+        let engine = Engine::from_arc(store.clone());
+        let policy = Policy::new().wait(Duration::from_secs(3));
+        let key = RecordKey::new("s", "k");
+        let Ok(Begin::Execute(_held)) = engine.begin(key.clone(), fp(), &policy).await else {
+            panic!("first request executes")
+        };
+        let start = Instant::now();
+        match engine.begin(key, fp(), &policy).await {
+            Err(Rejection::InFlight { retry_after }) => {
+                assert!(retry_after >= Duration::from_secs(1))
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        assert_eq!(engine.metrics().get(Outcome::Conflict), 1);
+    }
+}

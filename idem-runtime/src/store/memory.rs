@@ -80,6 +80,12 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// How many keys have waiting duplicates (for tests).
+    #[cfg(test)]
+    pub(crate) fn waiting_keys(&self) -> usize {
+        self.waiters.waiting_keys()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-written record: every mutation is a
         // single insert or remove, so the data is consistent and the poison can be ignored.
