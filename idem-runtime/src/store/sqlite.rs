@@ -463,3 +463,276 @@ impl Purge for SqliteStore {
         Ok(done.rows_affected())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+
+    async fn temp_store() -> (tempfile::TempDir, String, SqliteStore) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+        let store = SqliteStore::connect(&url).await.expect("connect");
+        (dir, url, store)
+    }
+
+    fn claim<'a>(key: &'a RecordKey, fingerprint: u8) -> Claim<'a> {
+        Claim {
+            key,
+            fingerprint: Fingerprint([fingerprint; 32]),
+            token: FencingToken::generate(),
+            now: NOW,
+            lease_until: NOW + Duration::from_secs(30),
+            expires_at: NOW + Duration::from_secs(3600),
+            retain_until: NOW + Duration::from_secs(7200),
+        }
+    }
+
+    async fn plan(store: &SqliteStore, sql: &str, binds: usize) -> String {
+        // EXPLAIN QUERY PLAN rows are (id, parent, notused, detail).
+        let explain = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut q = sqlx::query(&explain);
+        for i in 0..binds {
+            q = q.bind(i as i64);
+        }
+        let rows = q.fetch_all(store.pool()).await.expect("explain");
+        rows.iter()
+            .map(|r| r.get::<String, _>(3))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test]
+    async fn connections_use_wal_normal_sync_and_a_busy_timeout() {
+        let (_dir, _url, store) = temp_store().await;
+        let mut conn = store.pool().acquire().await.expect("acquire");
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("journal_mode");
+        assert_eq!(mode, "wal");
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("synchronous");
+        assert_eq!(sync, 1, "NORMAL");
+        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("busy_timeout");
+        assert_eq!(busy, 5000);
+    }
+
+    /// With 10k rows, the purge finds its batch through the retain_until index and lookups go by
+    /// primary key; neither scans the table.
+    #[tokio::test]
+    async fn purge_and_lookups_use_indexes() {
+        let (_dir, _url, store) = temp_store().await;
+        // 10,000 rows: even ones past retention at NOW, odd ones live.
+        sqlx::query(
+            r#"
+            WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 9999)
+            INSERT INTO idem_records
+                (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
+            SELECT 'bulk', 'k' || i, zeroblob(32), i, 0, 10, CASE i % 2 WHEN 0 THEN 20 ELSE ?1 END,
+                   'in_flight', 5
+            FROM n
+            "#,
+        )
+        .bind(NOW.as_millis() * 2)
+        .execute(store.pool())
+        .await
+        .expect("bulk insert");
+
+        let purge = plan(&store, PURGE, 2).await;
+        assert!(purge.contains("idem_records_retain_until"), "{purge}");
+        let select = plan(&store, SELECT, 3).await;
+        assert!(
+            select.contains("SEARCH idem_records USING INDEX sqlite_autoindex_idem_records_1"),
+            "{select}"
+        );
+        // The claim's conflict check goes through the primary key's index (an upsert has no plan
+        // rows of its own); make sure that index is (scope, key).
+        let claim_plan = plan(&store, CLAIM, 8).await;
+        assert!(!claim_plan.contains("SCAN"), "{claim_plan}");
+        let pk: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM pragma_index_info('sqlite_autoindex_idem_records_1') ORDER BY seqno",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("index info");
+        assert_eq!(pk, ["scope", "key"]);
+
+        let mut purged = 0;
+        loop {
+            let n = store.purge_expired(NOW, 1_000).await.expect("purge");
+            assert!(n <= 1_000, "a batch is capped");
+            if n == 0 {
+                break;
+            }
+            purged += n;
+        }
+        assert_eq!(purged, 5_000);
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+        assert_eq!(left, 5_000);
+    }
+
+    /// 64 tasks on 64 keys and 64 tasks on one key, over two handles on one file: every claim
+    /// succeeds (no "database is locked"), and the shared key has exactly one winner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_claims_never_fail_with_busy() {
+        let (_dir, url, first) = temp_store().await;
+        let second = SqliteStore::connect(&url).await.expect("second handle");
+        let stores = [Arc::new(first), Arc::new(second)];
+        let barrier = Arc::new(tokio::sync::Barrier::new(128));
+        let winners = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..128 {
+            let store = stores[i % 2].clone();
+            let (barrier, winners) = (barrier.clone(), winners.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = if i < 64 {
+                    RecordKey::new("distinct", format!("k{i}"))
+                } else {
+                    RecordKey::new("shared", "one")
+                };
+                barrier.wait().await;
+                let outcome = store.claim(&claim(&key, 1)).await;
+                match outcome {
+                    Ok(ClaimOutcome::Claimed { taken_over }) => {
+                        assert!(!taken_over);
+                        if i >= 64 {
+                            winners.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    Ok(ClaimOutcome::Existing(record)) => {
+                        assert!(i >= 64, "distinct key {i} found {record:?}")
+                    }
+                    Err(e) => panic!("claim {i} failed: {e}"),
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("join");
+        }
+        assert_eq!(winners.load(Ordering::SeqCst), 1);
+    }
+
+    /// Another connection holding the write lock (the application's own transaction, or another
+    /// process) makes a claim wait for it, not fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_wait_out_another_writer() {
+        let (_dir, url, store) = temp_store().await;
+        let store = Arc::new(store);
+        let other = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("other pool");
+        let mut writer = other.acquire().await.expect("acquire");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *writer)
+            .await
+            .expect("lock");
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = RecordKey::new("blocked", format!("k{i}"));
+                store.claim(&claim(&key, 1)).await
+            }));
+        }
+        // Wait until a claim holds the write gate, i.e. is inside its statement, blocked on the lock.
+        while store.shared.write_gate.try_lock().is_ok() {
+            tokio::task::yield_now().await;
+        }
+        sqlx::query("COMMIT")
+            .execute(&mut *writer)
+            .await
+            .expect("unlock");
+        for task in tasks {
+            let outcome = task.await.expect("join").expect("claim waited, not failed");
+            assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        }
+    }
+
+    /// An application's migrator and idem's share `_sqlx_migrations`; with `ignore_missing` on both
+    /// sides they run in any order, any number of times.
+    #[tokio::test]
+    async fn migrations_coexist_with_the_applications() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let migrations = dir.path().join("migrations");
+        std::fs::create_dir(&migrations).expect("mkdir");
+        std::fs::write(
+            migrations.join("20200101000000_ledger.sql"),
+            "CREATE TABLE ledger (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL);",
+        )
+        .expect("write migration");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("app.db").display());
+        let pool = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("pool");
+
+        let mut app = Migrator::new(migrations.as_path())
+            .await
+            .expect("app migrator");
+        app.run(&pool).await.expect("app first");
+        let store = SqliteStore::from_pool(pool.clone())
+            .await
+            .expect("idem ignores the app's version");
+        // Without ignore_missing the application's migrator refuses idem's version...
+        assert!(matches!(
+            app.run(&pool).await,
+            Err(sqlx::migrate::MigrateError::VersionMissing(_))
+        ));
+        // ...and with it, both run again.
+        app.set_ignore_missing(true);
+        app.run(&pool).await.expect("app again");
+        SqliteStore::from_pool(pool.clone())
+            .await
+            .expect("idem again");
+        let key = RecordKey::new("s", "k");
+        assert_eq!(
+            store.claim(&claim(&key, 1)).await.expect("claim"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        sqlx::query("INSERT INTO ledger (amount) VALUES (1000)")
+            .execute(&pool)
+            .await
+            .expect("ledger");
+    }
+
+    #[tokio::test]
+    async fn undecodable_rows_are_corrupt_not_unavailable() {
+        let (_dir, _url, store) = temp_store().await;
+        let key = RecordKey::new("s", "k");
+        store.claim(&claim(&key, 1)).await.expect("claim");
+        sqlx::query("UPDATE idem_records SET fingerprint = x'00'")
+            .execute(store.pool())
+            .await
+            .expect("damage");
+        let err = store.get(&key, NOW).await.expect_err("corrupt");
+        assert_eq!(err.kind(), super::super::StoreErrorKind::Corrupt);
+        let err = store.claim(&claim(&key, 1)).await.expect_err("corrupt");
+        assert_eq!(err.kind(), super::super::StoreErrorKind::Corrupt);
+    }
+
+    #[tokio::test]
+    async fn in_memory_databases_work_and_stay_apart() {
+        let a = SqliteStore::connect("sqlite::memory:").await.expect("a");
+        let b = SqliteStore::connect("sqlite::memory:").await.expect("b");
+        let key = RecordKey::new("s", "k");
+        assert_eq!(
+            a.claim(&claim(&key, 1)).await.expect("claim a"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        assert_eq!(
+            b.claim(&claim(&key, 1)).await.expect("claim b"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        assert!(!Arc::ptr_eq(&a.shared, &b.shared));
+    }
+}
