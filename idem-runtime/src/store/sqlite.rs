@@ -646,9 +646,16 @@ mod tests {
             }));
         }
         // Wait until a claim holds the write gate, i.e. is inside its statement, blocked on the lock.
-        while store.shared.write_gate.try_lock().is_ok() {
-            tokio::task::yield_now().await;
-        }
+        // (The timeout only turns a hang into a failure if no claim ever gets there.)
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while store.shared.write_gate.try_lock().is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a claim reached the locked database");
+        // None has finished: none failed fast with SQLITE_BUSY, none got past the lock.
+        assert!(tasks.iter().all(|task| !task.is_finished()));
         sqlx::query("COMMIT")
             .execute(&mut *writer)
             .await
