@@ -58,7 +58,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = SqliteStore::connect("sqlite://app.db?mode=rwc").await?;
-//! // Or `sqlx::migrate!("./migrations")` followed by `set_ignore_missing(true)`.
+//! // Or `sqlx::migrate!("./migrations")` (the macro expands to `::sqlx`, so it needs a direct
+//! // `sqlx = "0.8"` dependency), followed by `set_ignore_missing(true)`.
 //! let mut app = sqlx::migrate::Migrator::new(std::path::Path::new("./migrations")).await?;
 //! app.set_ignore_missing(true); // idem's version is in the same table
 //! app.run(store.pool()).await?;
