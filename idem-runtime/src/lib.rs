@@ -32,6 +32,12 @@ pub use policy::Policy;
 pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 pub use store::{Store, StoreError, StoreErrorKind};
 
+/// The sqlx that idem's SQL stores are built on, so that an application names the same version
+/// (for its pool, its migrator and its queries).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use sqlx;
+
 #[cfg(feature = "axum")]
 #[doc(hidden)]
 pub use crate::axum::private as __private;

@@ -1,1 +1,746 @@
-//! The sqlite store (in progress).
+//! The SQLite store: the embedded default. Durable across restarts, safe under many concurrent
+//! tasks, for a service that runs as **one instance** (use PostgreSQL or Redis for several).
+//!
+//! ```
+//! use idem_runtime::{Engine, store::sqlite::SqliteStore};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), idem_runtime::StoreError> {
+//! // A file: `sqlite://path/to/idem.db?mode=rwc` (`rwc` creates it). Here, a database in memory.
+//! let store = SqliteStore::connect("sqlite::memory:").await?;
+//! let engine = Engine::new(store);
+//! # let _ = engine;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How the contract is kept
+//!
+//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention, or can be
+//!   taken over> RETURNING takeovers`. A returned row means this claim won (`takeovers > 0` tells a
+//!   takeover from a fresh record); no row means the record stays as it is, and it is then read by
+//!   primary key. If it vanished in between (released), the claim is tried again, a bounded number
+//!   of times. There is no select-then-insert anywhere, and a single statement in autocommit mode
+//!   asks for the write lock up front, so it never hits the read-to-write upgrade that makes deferred
+//!   transactions fail with `SQLITE_BUSY` regardless of the busy timeout.
+//! - **Complete / release**: one `UPDATE` / `DELETE` guarded by `token = ? AND state = 'in_flight'`;
+//!   no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
+//! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
+//!   an index on `retain_until`, so the sweeper never holds the write lock for long.
+//!
+//! # Concurrency
+//!
+//! SQLite has one writer at a time. Within a process, every store handle on the same database file
+//! shares one write gate (a fair async mutex), so idem's own writes queue in order instead of
+//! contending for the file lock and sleeping in SQLite's busy handler. Writes from elsewhere (the
+//! application's own statements, another process) are waited out with `busy_timeout` (5 s by
+//! default, see [`SqliteStore::options`]). Reads never take the gate: under WAL they do not block
+//! on the writer.
+//!
+//! # Wake-ups
+//!
+//! A completion or release wakes the key's waiters in this process, including waiters of other
+//! [`SqliteStore`] handles on the same file (they share one registry, found by the file's canonical
+//! path). **Two processes on one SQLite file do not notify each other**: a waiter in another
+//! process wakes when the holder's lease runs out or at its wait deadline, whichever is first, and
+//! then reads the record. The claim itself stays atomic across processes; only the wake-up is late.
+//! SQLite is the single-instance store.
+//!
+//! # Migrations
+//!
+//! The schema is embedded with `sqlx::migrate!` (`migrations/sqlite/` in this crate) and applied by
+//! the constructors. sqlx 0.8 keeps every migrator's history in the one `_sqlx_migrations` table
+//! (a custom table name only arrives in sqlx 0.9), so idem's migrator
+//! ([`SqliteStore::migrator`]) ignores versions it does not know, and an application that keeps its
+//! own tables in the same file must do the same with its migrator:
+//!
+//! ```no_run
+//! use idem_runtime::{sqlx, store::sqlite::SqliteStore};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SqliteStore::connect("sqlite://app.db?mode=rwc").await?;
+//! // Or `sqlx::migrate!("./migrations")` (the macro expands to `::sqlx`, so it needs a direct
+//! // `sqlx = "0.8"` dependency), followed by `set_ignore_missing(true)`.
+//! let mut app = sqlx::migrate::Migrator::new(std::path::Path::new("./migrations")).await?;
+//! app.set_ignore_missing(true); // idem's version is in the same table
+//! app.run(store.pool()).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::Row;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+/// How long a statement waits for another connection's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times a claim is retried when the record it lost to vanishes before it can be read
+/// (released in between). Each retry needs another release to race it, so this is never reached in
+/// practice; it only rules out an unbounded loop.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// The claim, in one statement. `?5` is the claim's `now`. The `DO UPDATE` applies only to a record
+/// past retention (replaced as if absent: every column from the claim, `takeovers` reset) or to one
+/// that [can be taken over](Record::can_take_over) (new token and lease; `created_at`,
+/// `expires_at` and `retain_until` kept; `takeovers` counted). All `SET` expressions read the row as
+/// it was before the update.
+const CLAIM: &str = r#"
+INSERT INTO idem_records
+    (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until, takeovers)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'in_flight', ?8, 0)
+ON CONFLICT (scope, key) DO UPDATE SET
+    fingerprint  = excluded.fingerprint,
+    token        = excluded.token,
+    state        = 'in_flight',
+    lease_until  = excluded.lease_until,
+    created_at   = CASE WHEN idem_records.retain_until <= ?5
+                        THEN excluded.created_at ELSE idem_records.created_at END,
+    expires_at   = CASE WHEN idem_records.retain_until <= ?5
+                        THEN excluded.expires_at ELSE idem_records.expires_at END,
+    retain_until = CASE WHEN idem_records.retain_until <= ?5
+                        THEN excluded.retain_until ELSE idem_records.retain_until END,
+    takeovers    = CASE WHEN idem_records.retain_until <= ?5
+                        THEN 0 ELSE idem_records.takeovers + 1 END,
+    status       = NULL,
+    headers      = NULL,
+    body         = NULL
+WHERE idem_records.retain_until <= ?5
+   OR (idem_records.state = 'in_flight'
+       AND idem_records.lease_until <= ?5
+       AND idem_records.fingerprint = ?3
+       AND ?5 < idem_records.expires_at)
+RETURNING takeovers
+"#;
+
+/// One record by primary key, unless past retention at `?3`.
+const SELECT: &str = r#"
+SELECT fingerprint, token, created_at, expires_at, retain_until, state, lease_until,
+       status, headers, body
+FROM idem_records
+WHERE scope = ?1 AND key = ?2 AND retain_until > ?3
+"#;
+
+const COMPLETE: &str = r#"
+UPDATE idem_records
+SET state = 'completed', lease_until = NULL, status = ?4, headers = ?5, body = ?6
+WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
+"#;
+
+const RELEASE: &str = r#"
+DELETE FROM idem_records
+WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
+"#;
+
+/// At most `?2` records past retention at `?1`, oldest first, found through the `retain_until` index.
+const PURGE: &str = r#"
+DELETE FROM idem_records
+WHERE rowid IN (
+    SELECT rowid FROM idem_records WHERE retain_until <= ?1 ORDER BY retain_until LIMIT ?2
+)
+"#;
+
+/// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`; every method is
+/// one statement on the pool (a claim that loses reads the winner's record with a second).
+///
+/// ```
+/// use idem_runtime::store::sqlite::SqliteStore;
+/// use idem_runtime::sweeper::Sweeper;
+/// use std::sync::Arc;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::StoreError> {
+/// let store = Arc::new(SqliteStore::connect("sqlite::memory:").await?);
+/// let engine = idem_runtime::Engine::from_arc(store.clone());
+/// // Records past retention are deleted by a sweeper the application spawns.
+/// let sweeper = Sweeper::new(store.clone());
+/// # let _ = (engine, sweeper);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    shared: Arc<Shared>,
+}
+
+/// What every handle on one database file in this process shares.
+#[derive(Debug, Default)]
+struct Shared {
+    waiters: Waiters,
+    /// Serialises idem's writes in this process, fairly, instead of letting them race for SQLite's
+    /// lock and back off in its busy handler (which sleeps in growing steps).
+    write_gate: tokio::sync::Mutex<()>,
+}
+
+/// The shared state of each open database file, by canonical path (in-memory databases by their
+/// unique name). Entries go when their last store does.
+static SHARED: LazyLock<Mutex<HashMap<PathBuf, Weak<Shared>>>> = LazyLock::new(Default::default);
+
+fn shared_for(pool: &SqlitePool) -> Arc<Shared> {
+    let options = pool.connect_options();
+    let name = options.get_filename();
+    let path = std::fs::canonicalize(name).unwrap_or_else(|_| name.to_path_buf());
+    let mut map = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+    map.retain(|_, shared| shared.strong_count() > 0);
+    if let Some(shared) = map.get(&path).and_then(Weak::upgrade) {
+        return shared;
+    }
+    let shared = Arc::new(Shared::default());
+    map.insert(path, Arc::downgrade(&shared));
+    shared
+}
+
+impl SqliteStore {
+    /// Connection options for `url` with idem's settings, for [`connect_with`](Self::connect_with)
+    /// after any changes of your own:
+    ///
+    /// - `journal_mode = WAL`: readers (replays, lookups) never block on the writer, and a commit
+    ///   appends to the log instead of rewriting pages.
+    /// - `synchronous = NORMAL`: in WAL mode a commit is then not flushed to disk on its own; the
+    ///   log is flushed at each checkpoint. The database cannot be corrupted, and an application
+    ///   crash loses nothing; only a power loss or OS crash may lose the last commits. A claim plus
+    ///   completion costs two commits, and `FULL` makes each wait for an fsync (several times
+    ///   slower). If a lost record after a power cut is worse than that cost for you (the handler's
+    ///   effect lives outside this file and must never run twice), set
+    ///   `.synchronous(SqliteSynchronous::Full)`.
+    /// - `busy_timeout = 5 s`: a statement that finds another connection writing waits for it
+    ///   instead of failing with "database is locked".
+    ///
+    /// ```
+    /// use idem_runtime::sqlx::sqlite::SqliteSynchronous;
+    /// use idem_runtime::store::sqlite::SqliteStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::StoreError> {
+    /// let options = SqliteStore::options("sqlite::memory:")?.synchronous(SqliteSynchronous::Full);
+    /// let store = SqliteStore::connect_with(options).await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
+        let options = SqliteConnectOptions::from_str(url).map_err(StoreError::unavailable)?;
+        Ok(options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT))
+    }
+
+    /// Opens the database at `url` (e.g. `sqlite://data/idem.db?mode=rwc`, or `sqlite::memory:`)
+    /// with [`options`](Self::options), and applies idem's migrations.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(Self::options(url)?).await
+    }
+
+    /// Opens a pool with `options` as given, and applies idem's migrations.
+    ///
+    /// Connections are kept open rather than recycled on idle or age, so that an in-memory
+    /// database (which lives as long as one of its connections) is never dropped under the store.
+    pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
+        let pool = SqlitePoolOptions::new()
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Self::from_pool(pool).await
+    }
+
+    /// A store on an existing pool (for example the application's own, so that its tables and
+    /// idem's share one file), after applying idem's migrations to it.
+    ///
+    /// The pool is used as configured: build it from [`options`](Self::options) to get WAL and a
+    /// busy timeout.
+    ///
+    /// Migrating in the constructor means a store that exists has its schema; the migrator only
+    /// reads `_sqlx_migrations` when there is nothing to do, and its statements are idempotent.
+    pub async fn from_pool(pool: SqlitePool) -> Result<Self, StoreError> {
+        Self::migrator()
+            .run(&pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(Self {
+            shared: shared_for(&pool),
+            pool,
+        })
+    }
+
+    /// idem's migrations, with `ignore_missing` set so that an application's migrations recorded in
+    /// the same `_sqlx_migrations` table do not make it fail. The constructors run it; it is public
+    /// for applications that want to list or check it.
+    pub fn migrator() -> Migrator {
+        let mut migrator = sqlx::migrate!("./migrations/sqlite");
+        migrator.set_ignore_missing(true);
+        migrator
+    }
+
+    /// The pool, to share with the application or to close on shutdown.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn fetch(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(SELECT)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(now.as_millis())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        row.as_ref().map(decode).transpose()
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::corrupt(format!("idem_records: {what}"))
+}
+
+fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
+    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(StoreError::corrupt)?;
+    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+        .map(Fingerprint)
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let millis = |column: &str| -> Result<Timestamp, StoreError> {
+        row.try_get::<i64, _>(column)
+            .map(Timestamp::from_millis)
+            .map_err(StoreError::corrupt)
+    };
+    let state: String = row.try_get("state").map_err(StoreError::corrupt)?;
+    let state = match state.as_str() {
+        "in_flight" => {
+            let lease_until: Option<i64> =
+                row.try_get("lease_until").map_err(StoreError::corrupt)?;
+            RecordState::InFlight {
+                lease_until: Timestamp::from_millis(
+                    lease_until.ok_or_else(|| corrupt("in-flight record without lease_until"))?,
+                ),
+            }
+        }
+        "completed" => {
+            let status: Option<i64> = row.try_get("status").map_err(StoreError::corrupt)?;
+            let status = status.ok_or_else(|| corrupt("completed record without status"))?;
+            let status =
+                u16::try_from(status).map_err(|_| corrupt("status is not an HTTP status"))?;
+            let headers: Option<String> = row.try_get("headers").map_err(StoreError::corrupt)?;
+            let headers = StoredResponse::decode_headers(headers.as_deref().unwrap_or("[]"))
+                .map_err(StoreError::corrupt)?;
+            let body: Option<Vec<u8>> = row.try_get("body").map_err(StoreError::corrupt)?;
+            RecordState::Completed {
+                response: StoredResponse {
+                    status,
+                    headers,
+                    body: body.unwrap_or_default().into(),
+                },
+            }
+        }
+        other => return Err(corrupt(&format!("unknown state {other:?}"))),
+    };
+    Ok(Record {
+        fingerprint,
+        token: FencingToken(row.try_get("token").map_err(StoreError::corrupt)?),
+        created_at: millis("created_at")?,
+        expires_at: millis("expires_at")?,
+        retain_until: millis("retain_until")?,
+        state,
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let won = {
+                let _gate = self.shared.write_gate.lock().await;
+                sqlx::query(CLAIM)
+                    .bind(&claim.key.scope)
+                    .bind(&claim.key.key)
+                    .bind(&claim.fingerprint.0[..])
+                    .bind(claim.token.0)
+                    .bind(claim.now.as_millis())
+                    .bind(claim.expires_at.as_millis())
+                    .bind(claim.retain_until.as_millis())
+                    .bind(claim.lease_until.as_millis())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(StoreError::unavailable)?
+            };
+            if let Some(row) = won {
+                let takeovers: i64 = row.try_get("takeovers").map_err(StoreError::corrupt)?;
+                return Ok(ClaimOutcome::Claimed {
+                    taken_over: takeovers > 0,
+                });
+            }
+            // The record stood. Read it; if it was released (or replaced by something this claim
+            // may take) in between, claim again.
+            match self.fetch(claim.key, claim.now).await? {
+                Some(record) if !record.can_take_over(claim) => {
+                    return Ok(ClaimOutcome::Existing(record))
+                }
+                _ => continue,
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "claim of {} lost {CLAIM_ATTEMPTS} times to records released before they could be read",
+            claim.key
+        )))
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let done = {
+            let _gate = self.shared.write_gate.lock().await;
+            sqlx::query(COMPLETE)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token.0)
+                .bind(i64::from(response.status))
+                .bind(response.encode_headers())
+                .bind(&response.body[..])
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::unavailable)?
+        };
+        if done.rows_affected() == 0 {
+            return Err(StoreError::fenced());
+        }
+        self.shared.waiters.notify(key);
+        Ok(())
+    }
+
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let done = {
+            let _gate = self.shared.write_gate.lock().await;
+            sqlx::query(RELEASE)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token.0)
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::unavailable)?
+        };
+        if done.rows_affected() == 0 {
+            return Err(StoreError::fenced());
+        }
+        self.shared.waiters.notify(key);
+        Ok(())
+    }
+
+    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.fetch(key, now).await
+    }
+
+    /// Wakes on completions and releases made through any [`SqliteStore`] on the same file in this
+    /// process; not on those of another process (see the [module documentation](self)).
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.shared.waiters.subscribe(key)
+    }
+}
+
+#[async_trait::async_trait]
+impl Purge for SqliteStore {
+    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let _gate = self.shared.write_gate.lock().await;
+        let done = sqlx::query(PURGE)
+            .bind(now.as_millis())
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+
+    async fn temp_store() -> (tempfile::TempDir, String, SqliteStore) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+        let store = SqliteStore::connect(&url).await.expect("connect");
+        (dir, url, store)
+    }
+
+    fn claim<'a>(key: &'a RecordKey, fingerprint: u8) -> Claim<'a> {
+        Claim {
+            key,
+            fingerprint: Fingerprint([fingerprint; 32]),
+            token: FencingToken::generate(),
+            now: NOW,
+            lease_until: NOW + Duration::from_secs(30),
+            expires_at: NOW + Duration::from_secs(3600),
+            retain_until: NOW + Duration::from_secs(7200),
+        }
+    }
+
+    async fn plan(store: &SqliteStore, sql: &str, binds: usize) -> String {
+        // EXPLAIN QUERY PLAN rows are (id, parent, notused, detail).
+        let explain = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut q = sqlx::query(&explain);
+        for i in 0..binds {
+            q = q.bind(i as i64);
+        }
+        let rows = q.fetch_all(store.pool()).await.expect("explain");
+        rows.iter()
+            .map(|r| r.get::<String, _>(3))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test]
+    async fn connections_use_wal_normal_sync_and_a_busy_timeout() {
+        let (_dir, _url, store) = temp_store().await;
+        let mut conn = store.pool().acquire().await.expect("acquire");
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("journal_mode");
+        assert_eq!(mode, "wal");
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("synchronous");
+        assert_eq!(sync, 1, "NORMAL");
+        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("busy_timeout");
+        assert_eq!(busy, 5000);
+    }
+
+    /// With 10k rows, the purge finds its batch through the retain_until index and lookups go by
+    /// primary key; neither scans the table.
+    #[tokio::test]
+    async fn purge_and_lookups_use_indexes() {
+        let (_dir, _url, store) = temp_store().await;
+        // 10,000 rows: even ones past retention at NOW, odd ones live.
+        sqlx::query(
+            r#"
+            WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 9999)
+            INSERT INTO idem_records
+                (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
+            SELECT 'bulk', 'k' || i, zeroblob(32), i, 0, 10, CASE i % 2 WHEN 0 THEN 20 ELSE ?1 END,
+                   'in_flight', 5
+            FROM n
+            "#,
+        )
+        .bind(NOW.as_millis() * 2)
+        .execute(store.pool())
+        .await
+        .expect("bulk insert");
+
+        let purge = plan(&store, PURGE, 2).await;
+        assert!(purge.contains("idem_records_retain_until"), "{purge}");
+        let select = plan(&store, SELECT, 3).await;
+        assert!(
+            select.contains("SEARCH idem_records USING INDEX sqlite_autoindex_idem_records_1"),
+            "{select}"
+        );
+        // The claim's conflict check goes through the primary key's index (an upsert has no plan
+        // rows of its own); make sure that index is (scope, key).
+        let claim_plan = plan(&store, CLAIM, 8).await;
+        assert!(!claim_plan.contains("SCAN"), "{claim_plan}");
+        let pk: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM pragma_index_info('sqlite_autoindex_idem_records_1') ORDER BY seqno",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("index info");
+        assert_eq!(pk, ["scope", "key"]);
+
+        let mut purged = 0;
+        loop {
+            let n = store.purge_expired(NOW, 1_000).await.expect("purge");
+            assert!(n <= 1_000, "a batch is capped");
+            if n == 0 {
+                break;
+            }
+            purged += n;
+        }
+        assert_eq!(purged, 5_000);
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+        assert_eq!(left, 5_000);
+    }
+
+    /// 64 tasks on 64 keys and 64 tasks on one key, over two handles on one file: every claim
+    /// succeeds (no "database is locked"), and the shared key has exactly one winner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_claims_never_fail_with_busy() {
+        let (_dir, url, first) = temp_store().await;
+        let second = SqliteStore::connect(&url).await.expect("second handle");
+        let stores = [Arc::new(first), Arc::new(second)];
+        let barrier = Arc::new(tokio::sync::Barrier::new(128));
+        let winners = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..128 {
+            let store = stores[i % 2].clone();
+            let (barrier, winners) = (barrier.clone(), winners.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = if i < 64 {
+                    RecordKey::new("distinct", format!("k{i}"))
+                } else {
+                    RecordKey::new("shared", "one")
+                };
+                barrier.wait().await;
+                let outcome = store.claim(&claim(&key, 1)).await;
+                match outcome {
+                    Ok(ClaimOutcome::Claimed { taken_over }) => {
+                        assert!(!taken_over);
+                        if i >= 64 {
+                            winners.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    Ok(ClaimOutcome::Existing(record)) => {
+                        assert!(i >= 64, "distinct key {i} found {record:?}")
+                    }
+                    Err(e) => panic!("claim {i} failed: {e}"),
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("join");
+        }
+        assert_eq!(winners.load(Ordering::SeqCst), 1);
+    }
+
+    /// Another connection holding the write lock (the application's own transaction, or another
+    /// process) makes a claim wait for it, not fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_wait_out_another_writer() {
+        let (_dir, url, store) = temp_store().await;
+        let store = Arc::new(store);
+        let other = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("other pool");
+        let mut writer = other.acquire().await.expect("acquire");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *writer)
+            .await
+            .expect("lock");
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = RecordKey::new("blocked", format!("k{i}"));
+                store.claim(&claim(&key, 1)).await
+            }));
+        }
+        // Wait until a claim holds the write gate, i.e. is inside its statement, blocked on the lock.
+        // (The timeout only turns a hang into a failure if no claim ever gets there.)
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while store.shared.write_gate.try_lock().is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a claim reached the locked database");
+        // None has finished: none failed fast with SQLITE_BUSY, none got past the lock.
+        assert!(tasks.iter().all(|task| !task.is_finished()));
+        sqlx::query("COMMIT")
+            .execute(&mut *writer)
+            .await
+            .expect("unlock");
+        for task in tasks {
+            let outcome = task.await.expect("join").expect("claim waited, not failed");
+            assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        }
+    }
+
+    /// An application's migrator and idem's share `_sqlx_migrations`; with `ignore_missing` on both
+    /// sides they run in any order, any number of times.
+    #[tokio::test]
+    async fn migrations_coexist_with_the_applications() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let migrations = dir.path().join("migrations");
+        std::fs::create_dir(&migrations).expect("mkdir");
+        std::fs::write(
+            migrations.join("20200101000000_ledger.sql"),
+            "CREATE TABLE ledger (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL);",
+        )
+        .expect("write migration");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("app.db").display());
+        let pool = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("pool");
+
+        let mut app = Migrator::new(migrations.as_path())
+            .await
+            .expect("app migrator");
+        app.run(&pool).await.expect("app first");
+        let store = SqliteStore::from_pool(pool.clone())
+            .await
+            .expect("idem ignores the app's version");
+        // Without ignore_missing the application's migrator refuses idem's version...
+        assert!(matches!(
+            app.run(&pool).await,
+            Err(sqlx::migrate::MigrateError::VersionMissing(_))
+        ));
+        // ...and with it, both run again.
+        app.set_ignore_missing(true);
+        app.run(&pool).await.expect("app again");
+        SqliteStore::from_pool(pool.clone())
+            .await
+            .expect("idem again");
+        let key = RecordKey::new("s", "k");
+        assert_eq!(
+            store.claim(&claim(&key, 1)).await.expect("claim"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        sqlx::query("INSERT INTO ledger (amount) VALUES (1000)")
+            .execute(&pool)
+            .await
+            .expect("ledger");
+    }
+
+    #[tokio::test]
+    async fn undecodable_rows_are_corrupt_not_unavailable() {
+        let (_dir, _url, store) = temp_store().await;
+        let key = RecordKey::new("s", "k");
+        store.claim(&claim(&key, 1)).await.expect("claim");
+        sqlx::query("UPDATE idem_records SET fingerprint = x'00'")
+            .execute(store.pool())
+            .await
+            .expect("damage");
+        let err = store.get(&key, NOW).await.expect_err("corrupt");
+        assert_eq!(err.kind(), super::super::StoreErrorKind::Corrupt);
+        let err = store.claim(&claim(&key, 1)).await.expect_err("corrupt");
+        assert_eq!(err.kind(), super::super::StoreErrorKind::Corrupt);
+    }
+
+    #[tokio::test]
+    async fn in_memory_databases_work_and_stay_apart() {
+        let a = SqliteStore::connect("sqlite::memory:").await.expect("a");
+        let b = SqliteStore::connect("sqlite::memory:").await.expect("b");
+        let key = RecordKey::new("s", "k");
+        assert_eq!(
+            a.claim(&claim(&key, 1)).await.expect("claim a"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        assert_eq!(
+            b.claim(&claim(&key, 1)).await.expect("claim b"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        assert!(!Arc::ptr_eq(&a.shared, &b.shared));
+    }
+}
