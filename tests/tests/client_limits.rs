@@ -16,7 +16,11 @@ async fn max_attempts_zero_still_makes_one_attempt() {
     let server = FaultServer::start([], Step::status(503)).await;
     let client = Client::builder().max_attempts(0).build().unwrap();
 
-    let error = client.get(server.url("/scripted")).send().await.unwrap_err();
+    let error = client
+        .get(server.url("/scripted"))
+        .send()
+        .await
+        .unwrap_err();
 
     assert_eq!(error.attempts(), 1);
     assert_eq!(
@@ -42,13 +46,21 @@ async fn the_deadline_stops_the_attempts() {
         .unwrap();
 
     let started = Instant::now();
-    let error = client.get(server.url("/scripted")).send().await.unwrap_err();
+    let error = client
+        .get(server.url("/scripted"))
+        .send()
+        .await
+        .unwrap_err();
     let ended = Instant::now();
 
     assert!(error.is_deadline(), "{error}");
     assert_eq!(error.stop_reason(), &StopReason::Deadline { deadline });
     assert!(error.to_string().contains("deadline"), "{error}");
-    assert!(ended - started <= deadline, "returned after {:?}", ended - started);
+    assert!(
+        ended - started <= deadline,
+        "returned after {:?}",
+        ended - started
+    );
     let seen = server.seen();
     assert_eq!(error.attempts() as usize, seen.len());
     assert!(seen.len() >= 2, "it did retry before the deadline");
@@ -67,7 +79,11 @@ async fn the_deadline_cuts_off_an_attempt_that_never_ends() {
         .unwrap();
 
     let started = Instant::now();
-    let error = client.post(server.url("/scripted")).send().await.unwrap_err();
+    let error = client
+        .post(server.url("/scripted"))
+        .send()
+        .await
+        .unwrap_err();
 
     assert!(error.is_deadline(), "{error}");
     assert_eq!(Instant::now() - started, Duration::from_secs(5));
@@ -109,13 +125,24 @@ async fn an_exhausted_budget_fails_fast() {
         .build()
         .unwrap();
 
-    let error = client.get(server.url("/scripted")).send().await.unwrap_err();
+    let error = client
+        .get(server.url("/scripted"))
+        .send()
+        .await
+        .unwrap_err();
 
     assert!(error.is_budget_exhausted(), "{error}");
-    assert_eq!(error.attempts(), 3, "the first attempt and the 2 retries the budget held");
+    assert_eq!(
+        error.attempts(),
+        3,
+        "the first attempt and the 2 retries the budget held"
+    );
     assert_eq!(budget.available(), 0.0);
     let last = server.seen().last().unwrap().at;
-    assert!(Instant::now() - last < Duration::from_secs(5), "it did not wait");
+    assert!(
+        Instant::now() - last < Duration::from_secs(5),
+        "it did not wait"
+    );
 
     // The next request (of this client or a clone) gets no retry at all.
     let error = client

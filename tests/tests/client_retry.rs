@@ -129,7 +129,11 @@ async fn a_retry_after_beyond_the_cap_ends_the_request() {
     let server = FaultServer::start([], Step::status(429).header("retry-after", "3600")).await;
     let client = retrying(Client::builder().max_retry_after(Duration::from_secs(60)));
 
-    let error = client.get(server.url("/scripted")).send().await.unwrap_err();
+    let error = client
+        .get(server.url("/scripted"))
+        .send()
+        .await
+        .unwrap_err();
 
     assert_eq!(
         error.stop_reason(),

@@ -253,7 +253,8 @@ fn created(id: u64, replayed: bool) -> Response {
     if replayed {
         headers.push(("idempotency-replayed".to_owned(), "true".to_owned()));
     }
-    let body = serde_json::json!({ "id": id, "amount": 1000, "currency": "KRW", "status": "captured" });
+    let body =
+        serde_json::json!({ "id": id, "amount": 1000, "currency": "KRW", "status": "captured" });
     reply(201, headers, body.to_string())
 }
 
