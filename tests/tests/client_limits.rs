@@ -207,3 +207,24 @@ async fn one_error_collapses_the_causes_with_counts_attempts_and_key() {
         )
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn limits_of_duration_max_mean_never_not_a_panic() {
+    let server = FaultServer::start(
+        [Step::status(429).header("retry-after", "99999999999999999999999")],
+        Step::status(200),
+    )
+    .await;
+    let client = Client::builder()
+        .deadline(Some(Duration::MAX))
+        .attempt_timeout(Some(Duration::MAX))
+        .max_retry_after(Duration::MAX)
+        .backoff(ExponentialBackoff::new(Duration::MAX, Duration::MAX))
+        .build()
+        .unwrap();
+
+    let response = client.get(server.url("/scripted")).send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.attempts(), 2);
+}

@@ -238,6 +238,8 @@ pub(crate) struct Failures {
     url: Option<reqwest::Url>,
     key: Option<IdempotencyKey>,
     causes: Vec<Cause>,
+    /// Index in `causes` of the latest failure.
+    last: Option<usize>,
     last_status: Option<StatusCode>,
     source: Option<Box<dyn StdError + Send + Sync>>,
 }
@@ -253,6 +255,7 @@ impl Failures {
             url,
             key,
             causes: Vec::new(),
+            last: None,
             last_status: None,
             source: None,
         }
@@ -280,16 +283,29 @@ impl Failures {
     fn push(&mut self, kind: CauseKind, message: String) {
         match self
             .causes
-            .iter_mut()
-            .find(|c| c.kind == kind && c.message == message)
+            .iter()
+            .position(|c| c.kind == kind && c.message == message)
         {
-            Some(seen) => seen.count = seen.count.saturating_add(1),
-            None => self.causes.push(Cause {
-                kind,
-                message,
-                count: 1,
-            }),
+            Some(i) => {
+                self.causes[i].count = self.causes[i].count.saturating_add(1);
+                self.last = Some(i);
+            }
+            None => {
+                self.causes.push(Cause {
+                    kind,
+                    message,
+                    count: 1,
+                });
+                self.last = Some(self.causes.len() - 1);
+            }
         }
+    }
+
+    /// The message of the latest failure (for logs).
+    pub(crate) fn last_cause(&self) -> Option<&str> {
+        self.last
+            .and_then(|i| self.causes.get(i))
+            .map(|c| c.message.as_str())
     }
 
     pub(crate) fn key(&self) -> Option<&IdempotencyKey> {
@@ -331,16 +347,19 @@ mod tests {
             "503 Service Unavailable".into(),
         );
         f.answered(StatusCode::BAD_GATEWAY, "502 Bad Gateway".into());
-        let e = f.into_error(5, StopReason::AttemptsExhausted { max_attempts: 5 });
+        assert_eq!(f.last_cause(), Some("502 Bad Gateway"));
+        f.transport(lost, "connection closed".into(), None);
+        assert_eq!(f.last_cause(), Some("connection closed"));
+        let e = f.into_error(6, StopReason::AttemptsExhausted { max_attempts: 6 });
         assert_eq!(
             e.causes().iter().map(Cause::count).collect::<Vec<_>>(),
-            [2, 2, 1]
+            [3, 2, 1]
         );
-        assert_eq!(e.last_status(), Some(StatusCode::BAD_GATEWAY));
+        assert_eq!(e.last_status(), None, "the last attempt got no answer");
         assert_eq!(
             e.to_string(),
-            "POST http://user@example.test/pay failed after 5 attempts (Idempotency-Key k-1): \
-             gave up after the maximum of 5 attempts; causes: connection closed (x2), \
+            "POST http://user@example.test/pay failed after 6 attempts (Idempotency-Key k-1): \
+             gave up after the maximum of 6 attempts; causes: connection closed (x3), \
              503 Service Unavailable (x2), 502 Bad Gateway (x1)"
         );
     }

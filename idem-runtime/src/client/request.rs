@@ -7,7 +7,7 @@ use crate::IdempotencyKey;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Method, StatusCode};
 use std::error::Error as StdError;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// The largest problem document read to tell an in-flight 409 from a final one. idem's are a few
@@ -243,7 +243,9 @@ async fn run(
     let method = request.method().clone();
     let has_key = failures.key().is_some();
     let started = Instant::now();
-    let deadline_at = config.deadline.map(|d| started + d);
+    // Checked additions throughout: a limit of `Duration::MAX` (or a huge `Retry-After` under a
+    // huge cap) means "never", not a panic.
+    let deadline_at = config.deadline.and_then(|d| started.checked_add(d));
     let max_attempts = config.max_attempts.max(1);
     shared.budget.on_request();
 
@@ -257,10 +259,18 @@ async fn run(
         } else {
             None
         };
+        // The attempt is bounded by a tokio timer, not a socket timeout, so that it runs on the
+        // same clock as everything else. Under a paused test clock that timer fires as soon as the
+        // runtime idles, which is right only if an idle runtime means "no answer is coming": true
+        // when the server runs in the same runtime (its bytes are always ready on loopback), false
+        // for a server elsewhere; hence both bounds can be turned off (`None`).
         let now = Instant::now();
-        let bound = match (config.attempt_timeout, deadline_at) {
-            (Some(t), Some(d)) if now + t < d => Some(Bound::AttemptTimeout(now + t, t)),
-            (Some(t), None) => Some(Bound::AttemptTimeout(now + t, t)),
+        let timeout_at = config
+            .attempt_timeout
+            .and_then(|t| Some((now.checked_add(t)?, t)));
+        let bound = match (timeout_at, deadline_at) {
+            (Some((at, t)), Some(d)) if at < d => Some(Bound::AttemptTimeout(at, t)),
+            (Some((at, t)), None) => Some(Bound::AttemptTimeout(at, t)),
             (_, Some(d)) => Some(Bound::Deadline(d)),
             (None, None) => None,
         };
@@ -280,7 +290,7 @@ async fn run(
             };
             shared
                 .policy
-                .decide(&Attempt::new(&method, number, has_key, outcome).at(SystemTime::now()))
+                .decide(&Attempt::new(&method, number, has_key, outcome))
         };
         let not_before = match (ended, decision) {
             (Ended::Answered { response, .. }, Decision::Stop { .. }) => {
@@ -335,7 +345,7 @@ async fn run(
             .sample(number)
             .max(not_before.unwrap_or_default());
         // A wait that ends at or past the deadline would only lead to an attempt cut off at once.
-        if deadline_at.is_some_and(|d| Instant::now() + delay >= d) {
+        if deadline_at.is_some_and(|d| Instant::now().checked_add(delay).is_none_or(|t| t >= d)) {
             return Err(stop(failures, number, config.deadline));
         }
         if !shared.budget.try_withdraw() {
@@ -346,6 +356,7 @@ async fn run(
             method = %method,
             key = failures.key().map(IdempotencyKey::as_str).unwrap_or("none"),
             attempt = number,
+            cause = failures.last_cause().unwrap_or(""),
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             "retrying",
         );
@@ -518,5 +529,23 @@ fn chain(e: &reqwest::Error) -> String {
         e.to_string()
     } else {
         parts.join(": ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+    fn assert_send_sync_static<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn futures_and_results_cross_threads() {
+        assert_send_sync_static::<Error>();
+        assert_send_sync_static::<Response>();
+        assert_send_sync_static::<Client>();
+        let client = Client::builder().build().unwrap();
+        let send = client.post("http://127.0.0.1:9/").send();
+        assert_send(&send);
     }
 }
