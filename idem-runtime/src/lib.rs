@@ -8,12 +8,17 @@
 //! - [`store`] holds the storage contract and its backends (memory, SQLite, PostgreSQL, Redis).
 //! - [`Policy`] states ttl, lease, wait, what to do without a key, and what a replay returns.
 //! - [`sweeper::Sweeper`] purges records past retention in batches.
+//! - `client` (feature `client`) is the caller's half: a retrying reqwest client that sends one key
+//!   per logical request and retries only where a retry can help.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 pub mod clock;
 pub mod engine;
 pub mod fingerprint;
