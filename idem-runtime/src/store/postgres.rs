@@ -39,8 +39,8 @@
 //! - **Complete** and **release**: one statement each, guarded by the fencing token and the in-flight
 //!   state; the same statement calls `pg_notify`, so the notification is sent exactly when the change
 //!   commits.
-//! - **Purge**: one `DELETE` of at most a batch of keys found through the `retain_until` index,
-//!   skipping rows locked by a concurrent claim (`FOR UPDATE SKIP LOCKED`).
+//! - **Purge**: one `DELETE` of at most a batch of rows found through the `retain_until` index,
+//!   oldest first, skipping rows locked by a concurrent claim (`FOR UPDATE SKIP LOCKED`).
 //!
 //! # Waking waiters across instances
 //!
@@ -151,17 +151,19 @@ SELECT fingerprint, token, created_at, expires_at, retain_until, state,
 FROM idem.records
 WHERE scope = $1 AND key = $2 AND retain_until > $3";
 
+/// The rows are picked oldest first through the `retain_until` index and locked by the same statement
+/// (skipping rows a claim holds), so their `ctid`s stay valid for the delete: a TID scan whatever the
+/// backlog, where a join back on the key may scan every expired row for each batch.
 const PURGE: &str = "
-WITH doomed AS (
-    SELECT scope, key FROM idem.records
+DELETE FROM idem.records
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idem.records
     WHERE retain_until <= $1
     ORDER BY retain_until
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
-DELETE FROM idem.records r
-USING doomed d
-WHERE r.scope = d.scope AND r.key = d.key AND r.retain_until <= $1";
+))
+AND retain_until <= $1";
 
 /// A [`Store`] in PostgreSQL, shared by every instance of a service. See the
 /// [module documentation](self) for its statements and guarantees.
