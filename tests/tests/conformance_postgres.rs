@@ -382,3 +382,74 @@ async fn undecodable_record_is_corrupt() {
         .expect_err("corrupt");
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
 }
+
+/// The READ COMMITTED case: a claim whose insert waits on another transaction's uncommitted insert of
+/// the same key finds, once that commits, neither its own row (conflict) nor the other's (committed
+/// after its snapshot). It must run again and return the other's record, never claim it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let store = std::sync::Arc::new(db.store().await);
+    let pool = db.pool().await;
+    let key = fresh_key();
+    let theirs = FencingToken::generate();
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO idem.records \
+         (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_flight', $8)",
+    )
+    .bind(&key.scope)
+    .bind(&key.key)
+    .bind(fp("a").0.as_slice())
+    .bind(theirs.0)
+    .bind(T0.as_millis())
+    .bind((T0 + Duration::from_secs(3600)).as_millis())
+    .bind((T0 + Duration::from_secs(4 * 3600)).as_millis())
+    .bind((T0 + Duration::from_secs(30)).as_millis())
+    .execute(&mut *tx)
+    .await
+    .expect("insert, uncommitted");
+
+    let claiming = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.claim(&claim_of(&key, FencingToken::generate())).await }
+    });
+    // Commit only once the claim is blocked on our row: an observable server state, polled, with a
+    // bound that only limits a failure.
+    let blocked = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                 AND query LIKE '%WITH inserted AS%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_activity");
+            if waiting == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(GENEROUS, blocked)
+        .await
+        .expect("the claim blocks on the uncommitted row");
+    tx.commit().await.expect("commit");
+
+    match claiming.await.expect("join").expect("claim") {
+        ClaimOutcome::Existing(record) => {
+            assert_eq!(record.token, theirs);
+            assert_eq!(
+                record.state,
+                RecordState::InFlight {
+                    lease_until: T0 + Duration::from_secs(30)
+                }
+            );
+        }
+        other => panic!("expected their record, got {other:?}"),
+    }
+}
