@@ -453,3 +453,83 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
         other => panic!("expected their record, got {other:?}"),
     }
 }
+
+/// What a server restart does to the store: every connection is cut. Each stale pooled connection
+/// costs at most one failed (Unavailable) operation, then the store works again by itself; the
+/// listener reconnects, wakes its waiters (their notifications may have been lost), and hears
+/// completions again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_recovers_when_its_connections_are_cut() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let a = db.store().await;
+    let b = db.store().await;
+    let admin = db.pool().await;
+    let probe = fresh_key();
+    let mut probe_sub = b.subscribe(&probe);
+    claim_and_complete(&a, &probe).await;
+    tokio::time::timeout(GENEROUS, probe_sub.changed())
+        .await
+        .expect("B's listener is up");
+
+    let key = fresh_key();
+    let token = FencingToken::generate();
+    a.claim(&claim_of(&key, token)).await.expect("claim");
+    let mut waiting = b.subscribe(&key);
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&admin)
+    .await
+    .expect("cut every other connection");
+
+    // B's listener lost its connection: once it listens again it wakes its waiters to re-read.
+    tokio::time::timeout(GENEROUS, waiting.changed())
+        .await
+        .expect("waiter woken when B's listener reconnects");
+
+    // Stale connections fail once each at most (nothing was written by a failed attempt).
+    let done = response("a");
+    after_stale_connections(|| a.complete(&key, token, &done)).await;
+    let record = after_stale_connections(|| b.get(&key, T0)).await;
+    assert!(matches!(
+        record.expect("record").state,
+        RecordState::Completed { .. }
+    ));
+    // And B's listener hears completions again.
+    let key2 = fresh_key();
+    let token2 = FencingToken::generate();
+    let mut sub2 = b.subscribe(&key2);
+    a.claim(&claim_of(&key2, token2)).await.expect("claim");
+    a.complete(&key2, token2, &response("b"))
+        .await
+        .expect("complete");
+    tokio::time::timeout(GENEROUS, sub2.changed())
+        .await
+        .expect("B woken by A's completion after the reconnect");
+}
+
+/// Runs `op` until it succeeds, allowing one Unavailable failure per stale pooled connection.
+async fn after_stale_connections<T, F, Fut>(mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, idem_runtime::StoreError>>,
+{
+    const POOL: usize = 5; // TestDb::store's max_connections
+    let mut failures = 0;
+    loop {
+        match op().await {
+            Ok(value) => return value,
+            Err(e) => {
+                assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+                failures += 1;
+                assert!(
+                    failures <= POOL,
+                    "still failing after {failures} attempts: {e}"
+                );
+            }
+        }
+    }
+}

@@ -49,10 +49,12 @@
 //! connection (not one of the pool's); for each notification it wakes that key's local subscribers.
 //! PostgreSQL limits payloads to 8000 bytes: for a key whose payload would be longer (only possible
 //! with a scope of several kilobytes), the payload is `*`, which wakes every waiter of every instance;
-//! each re-reads its record, finds it unchanged and waits again. Whenever the listener (re)connects,
-//! notifications may have been missed, so it also wakes every local waiter. While the listener cannot
-//! connect, waiters still wake at the lease end or their deadline, as the engine bounds every wait.
-//! The task stops when the store is dropped.
+//! each re-reads its record, finds it unchanged and waits again. [`PostgresStore::from_pool`] and
+//! [`PostgresStore::connect`] return once the listener listens, so no waiter subscribes before it
+//! does; whenever it reconnects (or first listens after a constructor that did not wait for it),
+//! notifications may have been missed, so it wakes every local waiter to re-read its record. While
+//! the listener cannot connect, waiters still wake at the lease end or their deadline, as the engine
+//! bounds every wait. The task stops when the store is dropped.
 //!
 //! # Outages
 //!
@@ -60,7 +62,8 @@
 //! 503), with the sqlx error as its source; a row that cannot be decoded is
 //! [`Corrupt`](super::StoreErrorKind::Corrupt). Pools made by [`PostgresStore::pool_options`] give up
 //! acquiring a connection after [`DEFAULT_ACQUIRE_TIMEOUT`], so an outage gives a prompt error rather
-//! than a hung request.
+//! than a hung request, and when the server returns the store resumes by itself (see
+//! [`PostgresStore::pool_options`] for the one failed request per stale connection).
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
@@ -196,8 +199,9 @@ impl Drop for ListenerTask {
 }
 
 impl PostgresStore {
-    /// Connects to `url` with [`pool_options`](Self::pool_options), runs the migrations and starts
-    /// listening for other instances' completions.
+    /// Connects to `url` with [`pool_options`](Self::pool_options), then does what
+    /// [`from_pool`](Self::from_pool) does: migrations, and the listener for other instances'
+    /// completions.
     ///
     /// ```no_run
     /// # use idem_runtime::store::postgres::PostgresStore;
@@ -215,9 +219,18 @@ impl PostgresStore {
         Self::from_pool(pool).await
     }
 
-    /// The pool settings [`connect`](Self::connect) uses: sqlx's defaults, except that acquiring a
-    /// connection fails after [`DEFAULT_ACQUIRE_TIMEOUT`] so that an outage answers promptly. Start
-    /// from these to tune the pool, then use [`from_pool`](Self::from_pool).
+    /// The pool settings [`connect`](Self::connect) uses: sqlx's defaults, except that
+    ///
+    /// - acquiring a connection fails after [`DEFAULT_ACQUIRE_TIMEOUT`], so that an outage answers
+    ///   promptly (503) instead of holding requests;
+    /// - an idle connection is not pinged before each use (`test_before_acquire(false)`), so that a
+    ///   claim or a replay is one round trip, not two. sqlx already pings every connection when it
+    ///   returns to the pool; a connection that died while idle (a server restart) fails its next
+    ///   statement with [`Unavailable`](super::StoreErrorKind::Unavailable) and is discarded, so
+    ///   after a restart up to one request per idle connection gets a 503 and a `Retry-After`.
+    ///   Set `test_before_acquire(true)` to trade that for a ping on every operation.
+    ///
+    /// Start from these to tune the pool, then use [`from_pool`](Self::from_pool).
     ///
     /// ```no_run
     /// # use idem_runtime::store::postgres::PostgresStore;
@@ -234,11 +247,14 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn pool_options() -> PgPoolOptions {
-        PgPoolOptions::new().acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
+        PgPoolOptions::new()
+            .acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
     }
 
-    /// A store on an existing pool (for instance the application's own): runs the migrations, then
-    /// starts listening for other instances' completions.
+    /// A store on an existing pool (for instance the application's own): runs the migrations, starts
+    /// listening for other instances' completions, and returns once the listener listens (or, if it
+    /// cannot yet, after the pool's acquire timeout, leaving it to retry in the background).
     ///
     /// ```no_run
     /// # use idem_runtime::store::postgres::PostgresStore;
@@ -250,13 +266,25 @@ impl PostgresStore {
     /// ```
     pub async fn from_pool(pool: PgPool) -> Result<Self, StoreError> {
         Self::migrate(&pool).await?;
-        Ok(Self::from_pool_unmigrated(pool))
+        let wait = pool.options().get_acquire_timeout();
+        let (store, listening) = Self::start(pool);
+        // Return once the listener listens, so that no waiter can subscribe before it does (and the
+        // listener need not wake everyone when it starts). If it cannot within the acquire timeout,
+        // the store still works: the task keeps trying and wakes every waiter once it listens.
+        if tokio::time::timeout(wait, listening).await.is_err() {
+            tracing::warn!(
+                target: "idem",
+                "idempotency store listener not ready yet; waiters wake at lease end until it is"
+            );
+        }
+        Ok(store)
     }
 
     /// A store on `pool` without running the migrations (when they run separately, through
-    /// [`migrate`](Self::migrate)). Connects lazily: nothing is sent to the server until the first
-    /// operation, so this never fails; an unreachable server shows up as
-    /// [`Unavailable`](super::StoreErrorKind::Unavailable) errors from the operations.
+    /// [`migrate`](Self::migrate)). Returns at once: it sends nothing to the server itself, so this
+    /// never fails, and with a lazy pool an unreachable server shows up as
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) errors from the operations. The listener
+    /// connects in the background and, once it listens, wakes any waiter that subscribed before.
     ///
     /// # Panics
     ///
@@ -272,6 +300,13 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn from_pool_unmigrated(pool: PgPool) -> Self {
+        Self::start(pool).0
+    }
+
+    /// The store, and a receiver that resolves once the listener first listens. Dropping the receiver
+    /// before then tells the listener that waiters may already exist.
+    fn start(pool: PgPool) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let (listening, ready) = tokio::sync::oneshot::channel();
         let waiters = Arc::new(Waiters::new());
         // The listener holds its connection for good: give it a pool of its own (same server and
         // credentials) rather than taking one from the application's pool.
@@ -282,12 +317,13 @@ impl PostgresStore {
             .idle_timeout(None)
             .acquire_timeout(pool.options().get_acquire_timeout())
             .connect_lazy_with((*pool.connect_options()).clone());
-        let task = tokio::spawn(listen(listener_pool, waiters.clone()));
-        Self {
+        let task = tokio::spawn(listen(listener_pool, waiters.clone(), listening));
+        let store = Self {
             pool,
             waiters,
             _listener: ListenerTask(task),
-        }
+        };
+        (store, ready)
     }
 
     /// Creates the `idem` schema if it is missing and runs the embedded migrations, keeping their
@@ -615,15 +651,25 @@ fn deliver(waiters: &Waiters, payload: &str) {
 }
 
 /// The listener task: forwards notifications on [`CHANNEL`] to `waiters`, reconnecting with backoff.
-async fn listen(pool: PgPool, waiters: Arc<Waiters>) {
+///
+/// `listening` is told when the listener first listens. If nobody receives that (the constructor did
+/// not wait, or gave up), waiters may have subscribed before, and they are woken to re-read their
+/// records; so they are after every reconnection.
+async fn listen(pool: PgPool, waiters: Arc<Waiters>, listening: tokio::sync::oneshot::Sender<()>) {
+    let mut listening = Some(listening);
     let mut backoff = MIN_BACKOFF;
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => match listener.listen(CHANNEL).await {
                 Ok(()) => {
                     backoff = MIN_BACKOFF;
-                    // Anything announced before now was missed: every waiter re-reads its record.
-                    waiters.notify_all();
+                    // Unless the constructor is still waiting for this (no subscriber can exist
+                    // yet), anything announced before now may have been missed: every waiter
+                    // re-reads its record.
+                    let awaited = listening.take().is_some_and(|tx| tx.send(()).is_ok());
+                    if !awaited {
+                        waiters.notify_all();
+                    }
                     loop {
                         match listener.try_recv().await {
                             Ok(Some(notification)) => deliver(&waiters, notification.payload()),
