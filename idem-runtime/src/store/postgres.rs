@@ -758,6 +758,13 @@ mod tests {
         assert_eq!(payload(&huge), WAKE_ALL);
     }
 
+    #[test]
+    fn completion_and_release_notify_on_the_listened_channel() {
+        for sql in [COMPLETE, RELEASE] {
+            assert!(sql.contains(&format!("pg_notify('{CHANNEL}'")), "{sql}");
+        }
+    }
+
     #[tokio::test]
     async fn deliver_wakes_the_named_key_or_everyone() {
         let waiters = Waiters::new();
