@@ -53,6 +53,15 @@ impl Waiters {
         }
     }
 
+    /// Wakes every subscriber of every key. Shared stores call it when they may have missed a
+    /// notification (their listener connected or reconnected): each waiter then re-reads its record.
+    pub fn notify_all(&self) {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        for sender in map.values().filter_map(Weak::upgrade) {
+            sender.send_replace(());
+        }
+    }
+
     /// How many keys have subscribers (for tests and metrics).
     pub fn waiting_keys(&self) -> usize {
         self.map

@@ -1,0 +1,535 @@
+//! The store conformance suite on the PostgreSQL store, plus what only a shared database shows:
+//! instances woken through LISTEN/NOTIFY, replays that write nothing, and migrations that coexist
+//! with the application's own.
+//!
+//! Every backend instance (each case) gets a fresh database on the server at
+//! `IDEM_TEST_POSTGRES_URL`, named `idem_test_<unix seconds>_<uuid>`, dropped when the case ends;
+//! databases of this form older than an hour (left by a killed run) are dropped at the next start.
+
+use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
+use idem_runtime::sqlx::{self, ConnectOptions, Row};
+use idem_runtime::store::postgres::PostgresStore;
+use idem_runtime::store::{Claim, ClaimOutcome};
+use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
+use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
+use idem_tests::services;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const PREFIX: &str = "idem_test_";
+/// Test databases older than this are leftovers of a killed run.
+const STALE_AFTER_SECS: u64 = 3600;
+/// Bounds a failure only: every wait below ends as soon as its event happens.
+const GENEROUS: Duration = Duration::from_secs(30);
+
+/// A database of its own, dropped with this value.
+struct TestDb {
+    server: PgConnectOptions,
+    name: String,
+}
+
+impl TestDb {
+    async fn create() -> Option<Self> {
+        let server: PgConnectOptions = match services::postgres_url().parse() {
+            Ok(options) => options,
+            Err(e) => return services::unreachable_service("PostgreSQL", &e),
+        };
+        let mut admin = match server.clone().database("postgres").connect().await {
+            Ok(conn) => conn,
+            Err(e) => return services::unreachable_service("PostgreSQL", &e),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let existing: Vec<String> = sqlx::query_scalar(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'idem\\_test\\_%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .expect("list test databases");
+        for stale in existing.iter().filter(|name| {
+            created_secs(name).is_some_and(|t| now.saturating_sub(t) > STALE_AFTER_SECS)
+        }) {
+            // Another run may drop it at the same time: ignore the outcome.
+            let _ = sqlx::raw_sql(&format!(
+                r#"DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)"#
+            ))
+            .execute(&mut admin)
+            .await;
+        }
+        let name = format!("{PREFIX}{now}_{}", uuid::Uuid::new_v4().simple());
+        sqlx::raw_sql(&format!(r#"CREATE DATABASE "{name}""#))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        Some(Self { server, name })
+    }
+
+    fn options(&self) -> PgConnectOptions {
+        self.server.clone().database(&self.name)
+    }
+
+    /// A new store instance (a pool of its own) on this database.
+    async fn store(&self) -> PostgresStore {
+        let pool = PostgresStore::pool_options()
+            .max_connections(5)
+            .connect_with(self.options())
+            .await
+            .expect("connect to the test database");
+        PostgresStore::from_pool(pool).await.expect("migrate")
+    }
+
+    async fn pool(&self) -> PgPool {
+        PostgresStore::pool_options()
+            .max_connections(2)
+            .connect_with(self.options())
+            .await
+            .expect("connect to the test database")
+    }
+}
+
+fn created_secs(name: &str) -> Option<u64> {
+    name.strip_prefix(PREFIX)?.split('_').next()?.parse().ok()
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = self.server.clone().database("postgres");
+        let name = self.name.clone();
+        // Drop may run inside or outside a runtime: do the blocking work on a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let mut conn = admin.connect().await.map_err(|e| e.to_string())?;
+                sqlx::raw_sql(&format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#))
+                    .execute(&mut conn)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!(
+                "could not drop test database {} ({dropped:?}); the next run drops it",
+                self.name
+            );
+        }
+    }
+}
+
+struct Postgres {
+    db: TestDb,
+}
+
+#[async_trait::async_trait]
+impl Backend for Postgres {
+    type Store = PostgresStore;
+
+    async fn open(&self) -> PostgresStore {
+        self.db.store().await
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    async fn unreachable(&self) -> Option<PostgresStore> {
+        // Nothing listens on port 1; the lazy pool only fails when used, after the acquire timeout.
+        let nowhere = PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(1)
+            .username("postgres")
+            .database("idem");
+        let pool = PostgresStore::pool_options()
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy_with(nowhere);
+        Some(PostgresStore::from_pool_unmigrated(pool))
+    }
+}
+
+async fn postgres() -> Option<Postgres> {
+    Some(Postgres {
+        db: TestDb::create().await?,
+    })
+}
+
+idem_tests::conformance_suite!(postgres);
+
+fn claim_of<'a>(key: &'a idem_runtime::RecordKey, token: FencingToken) -> Claim<'a> {
+    Claim {
+        key,
+        fingerprint: fp("a"),
+        token,
+        now: T0,
+        lease_until: T0 + Duration::from_secs(30),
+        expires_at: T0 + Duration::from_secs(3600),
+        retain_until: T0 + Duration::from_secs(4 * 3600),
+    }
+}
+
+async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey) {
+    let token = FencingToken::generate();
+    let claimed = store.claim(&claim_of(key, token)).await.expect("claim");
+    assert_eq!(claimed, ClaimOutcome::Claimed { taken_over: false });
+    store
+        .complete(key, token, &response("a"))
+        .await
+        .expect("complete");
+}
+
+/// A completion on instance A wakes a waiter on instance B, which shares nothing with A but the
+/// database: the wake-up can only come through NOTIFY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_on_one_instance_wakes_a_waiter_on_another() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let a = db.store().await;
+    let b = db.store().await;
+
+    // First make sure B's listener is up: a probe key completed on A wakes B's subscriber, either by
+    // its notification or by the wake-everyone B's listener sends once it starts listening.
+    let probe = fresh_key();
+    let mut probe_sub = b.subscribe(&probe);
+    claim_and_complete(&a, &probe).await;
+    tokio::time::timeout(GENEROUS, probe_sub.changed())
+        .await
+        .expect("B's listener is up");
+
+    // Now B's listener is listening: only a notification can wake this subscriber.
+    let key = fresh_key();
+    let token = FencingToken::generate();
+    a.claim(&claim_of(&key, token)).await.expect("claim");
+    let mut sub = b.subscribe(&key);
+    let mut other = b.subscribe(&fresh_key());
+    a.complete(&key, token, &response("a"))
+        .await
+        .expect("complete");
+    tokio::time::timeout(GENEROUS, sub.changed())
+        .await
+        .expect("B woken by A's completion");
+    let record = b.get(&key, T0).await.expect("get").expect("record");
+    assert_eq!(
+        record.state,
+        RecordState::Completed {
+            response: response("a")
+        }
+    );
+    // The notification names its key: B's waiter on another key stays asleep.
+    let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
+    assert!(woken.is_err(), "a waiter on another key was woken");
+
+    // A release is announced the same way.
+    let key = fresh_key();
+    let token = FencingToken::generate();
+    a.claim(&claim_of(&key, token)).await.expect("claim");
+    let mut sub = b.subscribe(&key);
+    a.release(&key, token).await.expect("release");
+    tokio::time::timeout(GENEROUS, sub.changed())
+        .await
+        .expect("B woken by A's release");
+    assert!(b.get(&key, T0).await.expect("get").is_none());
+}
+
+/// A replay reads the record without writing it: the row's version (xmin, ctid) stays the same, so
+/// no `DO UPDATE` or other write happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_do_not_write() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let store = db.store().await;
+    let key = fresh_key();
+    claim_and_complete(&store, &key).await;
+    let version = |pool: PgPool, key: idem_runtime::RecordKey| async move {
+        let row = sqlx::query(
+            "SELECT xmin::text AS xmin, ctid::text AS ctid FROM idem.records \
+             WHERE scope = $1 AND key = $2",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .fetch_one(&pool)
+        .await
+        .expect("row version");
+        (row.get::<String, _>("xmin"), row.get::<String, _>("ctid"))
+    };
+    let before = version(store.pool().clone(), key.clone()).await;
+    for _ in 0..3 {
+        match store
+            .claim(&claim_of(&key, FencingToken::generate()))
+            .await
+            .expect("claim")
+        {
+            ClaimOutcome::Existing(record) => assert_eq!(
+                record.state,
+                RecordState::Completed {
+                    response: response("a")
+                }
+            ),
+            other => panic!("expected the existing record, got {other:?}"),
+        }
+    }
+    assert_eq!(version(store.pool().clone(), key.clone()).await, before);
+    // The control: a write does change the version.
+    let in_flight = fresh_key();
+    let token = FencingToken::generate();
+    store
+        .claim(&claim_of(&in_flight, token))
+        .await
+        .expect("claim");
+    let claimed = version(store.pool().clone(), in_flight.clone()).await;
+    store
+        .complete(&in_flight, token, &response("b"))
+        .await
+        .expect("complete");
+    assert_ne!(version(store.pool().clone(), in_flight).await, claimed);
+}
+
+/// The store's migrations keep their own history (`idem._sqlx_migrations`), so an application's
+/// migrator in the same database neither sees them nor needs `set_ignore_missing`, and both can run
+/// on every start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_coexist_with_the_applications() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("1_ledger.sql"),
+        "CREATE TABLE ledger (id BIGINT PRIMARY KEY);",
+    )
+    .expect("write migration");
+    let app = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("app migrator");
+    let pool = db.pool().await;
+    app.run(&pool).await.expect("app migrations");
+    PostgresStore::migrate(&pool)
+        .await
+        .expect("idem migrations");
+    // Both again, in the other order, as on a restart: neither trips over the other's versions.
+    app.run(&pool).await.expect("app migrations again");
+    PostgresStore::migrate(&pool).await.expect("idem again");
+    let app_versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM public._sqlx_migrations ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .expect("app history");
+    assert_eq!(app_versions, vec![1]);
+    let idem_versions: i64 = sqlx::query_scalar("SELECT count(*) FROM idem._sqlx_migrations")
+        .fetch_one(&pool)
+        .await
+        .expect("idem history");
+    assert!(idem_versions >= 1);
+    // The migration connection's search_path did not leak into the pool.
+    let search_path: String = sqlx::query_scalar("SHOW search_path")
+        .fetch_one(&pool)
+        .await
+        .expect("search_path");
+    assert!(!search_path.starts_with("idem"), "{search_path}");
+}
+
+/// Several instances starting at once all migrate successfully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_starting_together_migrate_once() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let db = std::sync::Arc::new(db);
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let db = db.clone();
+            tokio::spawn(async move {
+                let pool = db.pool().await;
+                PostgresStore::migrate(&pool).await
+            })
+        })
+        .collect();
+    for start in starts {
+        start.await.expect("join").expect("migrate");
+    }
+}
+
+/// A record with an undecodable state is reported as corrupt, not as a missing or new key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_record_is_corrupt() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let store = db.store().await;
+    let key = fresh_key();
+    sqlx::query(
+        "INSERT INTO idem.records \
+         (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
+         VALUES ($1, $2, $3, 1, 0, $4, $4, 'in_flight', 0)",
+    )
+    .bind(&key.scope)
+    .bind(&key.key)
+    .bind(&[1u8, 2, 3][..])
+    .bind(T0.as_millis() + 1)
+    .execute(store.pool())
+    .await
+    .expect("insert a bad row");
+    let err = store.get(&key, T0).await.expect_err("corrupt");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    let err = store
+        .claim(&claim_of(&key, FencingToken::generate()))
+        .await
+        .expect_err("corrupt");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+}
+
+/// The READ COMMITTED case: a claim whose insert waits on another transaction's uncommitted insert of
+/// the same key finds, once that commits, neither its own row (conflict) nor the other's (committed
+/// after its snapshot). It must run again and return the other's record, never claim it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let store = std::sync::Arc::new(db.store().await);
+    let pool = db.pool().await;
+    let key = fresh_key();
+    let theirs = FencingToken::generate();
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO idem.records \
+         (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_flight', $8)",
+    )
+    .bind(&key.scope)
+    .bind(&key.key)
+    .bind(fp("a").0.as_slice())
+    .bind(theirs.0)
+    .bind(T0.as_millis())
+    .bind((T0 + Duration::from_secs(3600)).as_millis())
+    .bind((T0 + Duration::from_secs(4 * 3600)).as_millis())
+    .bind((T0 + Duration::from_secs(30)).as_millis())
+    .execute(&mut *tx)
+    .await
+    .expect("insert, uncommitted");
+
+    let claiming = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.claim(&claim_of(&key, FencingToken::generate())).await }
+    });
+    // Commit only once the claim is blocked on our row: an observable server state, polled, with a
+    // bound that only limits a failure.
+    let blocked = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                 AND query LIKE '%WITH inserted AS%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_activity");
+            if waiting == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(GENEROUS, blocked)
+        .await
+        .expect("the claim blocks on the uncommitted row");
+    tx.commit().await.expect("commit");
+
+    match claiming.await.expect("join").expect("claim") {
+        ClaimOutcome::Existing(record) => {
+            assert_eq!(record.token, theirs);
+            assert_eq!(
+                record.state,
+                RecordState::InFlight {
+                    lease_until: T0 + Duration::from_secs(30)
+                }
+            );
+        }
+        other => panic!("expected their record, got {other:?}"),
+    }
+}
+
+/// What a server restart does to the store: every connection is cut. Each stale pooled connection
+/// costs at most one failed (Unavailable) operation, then the store works again by itself; the
+/// listener reconnects, wakes its waiters (their notifications may have been lost), and hears
+/// completions again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_recovers_when_its_connections_are_cut() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let a = db.store().await;
+    let b = db.store().await;
+    let admin = db.pool().await;
+    let probe = fresh_key();
+    let mut probe_sub = b.subscribe(&probe);
+    claim_and_complete(&a, &probe).await;
+    tokio::time::timeout(GENEROUS, probe_sub.changed())
+        .await
+        .expect("B's listener is up");
+
+    let key = fresh_key();
+    let token = FencingToken::generate();
+    a.claim(&claim_of(&key, token)).await.expect("claim");
+    let mut waiting = b.subscribe(&key);
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&admin)
+    .await
+    .expect("cut every other connection");
+
+    // B's listener lost its connection: once it listens again it wakes its waiters to re-read.
+    tokio::time::timeout(GENEROUS, waiting.changed())
+        .await
+        .expect("waiter woken when B's listener reconnects");
+
+    // Stale connections fail once each at most (nothing was written by a failed attempt).
+    let done = response("a");
+    after_stale_connections(|| a.complete(&key, token, &done)).await;
+    let record = after_stale_connections(|| b.get(&key, T0)).await;
+    assert!(matches!(
+        record.expect("record").state,
+        RecordState::Completed { .. }
+    ));
+    // And B's listener hears completions again.
+    let key2 = fresh_key();
+    let token2 = FencingToken::generate();
+    let mut sub2 = b.subscribe(&key2);
+    a.claim(&claim_of(&key2, token2)).await.expect("claim");
+    a.complete(&key2, token2, &response("b"))
+        .await
+        .expect("complete");
+    tokio::time::timeout(GENEROUS, sub2.changed())
+        .await
+        .expect("B woken by A's completion after the reconnect");
+}
+
+/// Runs `op` until it succeeds, allowing one Unavailable failure per stale pooled connection.
+async fn after_stale_connections<T, F, Fut>(mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, idem_runtime::StoreError>>,
+{
+    const POOL: usize = 5; // TestDb::store's max_connections
+    let mut failures = 0;
+    loop {
+        match op().await {
+            Ok(value) => return value,
+            Err(e) => {
+                assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+                failures += 1;
+                assert!(
+                    failures <= POOL,
+                    "still failing after {failures} attempts: {e}"
+                );
+            }
+        }
+    }
+}
