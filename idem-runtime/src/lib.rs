@@ -35,8 +35,6 @@ pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 pub use policy::Policy;
 pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sqlx;
 pub use store::{Store, StoreError, StoreErrorKind};
 
 /// The sqlx that idem's SQL stores are built on, so that an application names the same version
