@@ -1,14 +1,4 @@
-//! The HTTP handlers.
-//!
-//! The idempotent handlers are written out in the form `#[idempotent(...)]` expands to, with the
-//! attribute each stands for above it.
-// TODO(integrator): once the `#[idempotent]` macro lands, replace each expanded handler by the
-// attribute shown in its comment over the same signature without `__idem_*` parameters, e.g.
-//
-//     #[idempotent(scope = "user", ttl = "24h", missing_key = "reject")]
-//     async fn create_payment(State(app): State<AppState>, user: AuthUser, Json(req): Json<NewPayment>) -> Response {
-//         capture(&app, &user, req).await
-//     }
+//! The HTTP handlers. The two creates and the refund are idempotent; the reads need not be.
 
 use crate::auth::AuthUser;
 use crate::ledger::{Ledger, Payment};
@@ -18,12 +8,8 @@ use axum::http::header::LOCATION;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use idem_runtime::__private::{run, scope_id, EngineState, MissingKey, Policy, WithBody};
+use idem_runtime::idempotent;
 use serde::Deserialize;
-use std::time::Duration;
-
-/// The largest request body the idempotent handlers read.
-const MAX_BODY: usize = 64 * 1024;
 
 /// A payment request.
 #[derive(Debug, Deserialize)]
@@ -32,65 +18,52 @@ pub(crate) struct NewPayment {
     currency: String,
 }
 
-// #[idempotent(scope = "user", ttl = "24h", missing_key = "reject", max_body = "64KiB")]
+/// `POST /payments`: a client that heard nothing retries with the same key and gets this
+/// payment's 201 again, never a second charge.
+#[idempotent(
+    scope = "user",
+    ttl = "24h",
+    missing_key = "reject",
+    max_body = "64KiB"
+)]
 pub(crate) async fn create_payment(
-    __idem_engine: EngineState,
     State(app): State<AppState>,
     user: AuthUser,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, MAX_BODY>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .ttl(Duration::from_secs(24 * 3600))
-        .missing_key(MissingKey::Reject)
-        .max_request_body(MAX_BODY)
-        .handler("create_payment")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move {
-        capture(&app, &user, req).await
-    })
-    .await
+    capture(&app, &user, req).await
 }
 
-// #[idempotent(scope = "user", ttl = "24h", missing_key = "derive", derive_window = "10s", max_body = "64KiB")]
+/// `POST /legacy/payments`: old app versions send no key; a double tap (the same request within
+/// 10 s) still charges once.
+#[idempotent(
+    scope = "user",
+    ttl = "24h",
+    missing_key = "derive",
+    derive_window = "10s",
+    max_body = "64KiB"
+)]
 pub(crate) async fn create_legacy_payment(
-    __idem_engine: EngineState,
     State(app): State<AppState>,
     user: AuthUser,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, MAX_BODY>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .ttl(Duration::from_secs(24 * 3600))
-        .missing_key(MissingKey::Derive)
-        .derive_window(Duration::from_secs(10))
-        .max_request_body(MAX_BODY)
-        .handler("create_legacy_payment")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move {
-        capture(&app, &user, req).await
-    })
-    .await
+    capture(&app, &user, req).await
 }
 
-// #[idempotent(scope = "user", ttl = "24h", missing_key = "reject", max_body = "64KiB")]
+/// `POST /payments/{id}/refund`.
+#[idempotent(
+    scope = "user",
+    ttl = "24h",
+    missing_key = "reject",
+    max_body = "64KiB"
+)]
 pub(crate) async fn refund_payment(
-    __idem_engine: EngineState,
     State(app): State<AppState>,
     user: AuthUser,
-    WithBody(Path(id), __idem_request): WithBody<Path<String>, MAX_BODY>,
+    Path(id): Path<String>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .ttl(Duration::from_secs(24 * 3600))
-        .missing_key(MissingKey::Reject)
-        .max_request_body(MAX_BODY)
-        .handler("refund_payment")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move {
-        refund(&app, &user, &id).await
-    })
-    .await
+    refund(&app, &user, &id).await
 }
 
 pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) -> Response {
@@ -121,7 +94,11 @@ async fn capture(app: &AppState, user: &AuthUser, req: NewPayment) -> Response {
         return invalid("`currency` must be an ISO 4217 code such as \"KRW\"");
     }
     card_network(app).await;
-    match app.ledger.capture(&user.id, req.amount, &req.currency).await {
+    match app
+        .ledger
+        .capture(&user.id, req.amount, &req.currency)
+        .await
+    {
         Ok(payment) => created(payment),
         Err(e) => internal(&e),
     }

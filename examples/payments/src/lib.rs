@@ -151,7 +151,10 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
 /// The routes over `state`.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/payments", post(api::create_payment).get(api::list_payments))
+        .route(
+            "/payments",
+            post(api::create_payment).get(api::list_payments),
+        )
         .route("/payments/{id}", get(api::get_payment))
         .route("/payments/{id}/refund", post(api::refund_payment))
         .route("/legacy/payments", post(api::create_legacy_payment))
