@@ -155,15 +155,24 @@ pub(crate) fn retry_after_secs(after: Duration) -> u64 {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = self.kind.status();
-        let body = serde_json::json!({
-            "type": self.kind.uri(),
-            "title": self.kind.title(),
-            "status": status,
-            "detail": self.detail,
-        });
+        // A struct rather than `json!`, so the members come out in RFC 9457's order.
+        #[derive(serde::Serialize)]
+        struct Document<'a> {
+            r#type: &'static str,
+            title: &'static str,
+            status: u16,
+            detail: &'a str,
+        }
+        let body = serde_json::to_string(&Document {
+            r#type: self.kind.uri(),
+            title: self.kind.title(),
+            status,
+            detail: &self.detail,
+        })
+        .unwrap_or_default();
         let mut response = (
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            body.to_string(),
+            body,
         )
             .into_response();
         let headers = response.headers_mut();

@@ -205,3 +205,72 @@ pub(crate) fn replay(stored: &StoredResponse, expires_at: Timestamp) -> Response
     set_expires(headers, expires_at);
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::axum::http::header::{CONTENT_TYPE, SET_COOKIE};
+
+    fn response(body: &'static str) -> Response {
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = StatusCode::CREATED;
+        let h = response.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(LOCATION, HeaderValue::from_static("/things/7"));
+        h.insert(SET_COOKIE, HeaderValue::from_static("session=1"));
+        h.insert("x-a", HeaderValue::from_static("a"));
+        h.insert("x-b", HeaderValue::from_static("b"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        response
+    }
+
+    fn names(stored: &StoredResponse) -> Vec<&str> {
+        let mut names: Vec<_> = stored.headers.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[tokio::test]
+    async fn a_policy_cannot_make_set_cookie_or_hop_by_hop_headers_replayable() {
+        const POLICY: Policy =
+            Policy::new().replay_headers(&["X-A", "set-cookie", "transfer-encoding"]);
+        let (stored, sent) = capture(response(r#"{"id":7}"#), &POLICY).await;
+        assert_eq!(names(&stored), ["content-type", "location", "x-a"]);
+        assert_eq!(stored.status, 201);
+        assert_eq!(&stored.body[..], br#"{"id":7}"#);
+        assert!(
+            sent.headers().contains_key(SET_COOKIE),
+            "the fresh response is untouched"
+        );
+    }
+
+    #[tokio::test]
+    async fn minimal_keeps_status_location_and_a_numeric_id() {
+        const POLICY: Policy = Policy::new().replay(ReplayMode::Minimal);
+        let (stored, _) = capture(response(r#"{"name":"x","id":7}"#), &POLICY).await;
+        assert_eq!(names(&stored), ["content-type", "location"]);
+        assert_eq!(&stored.body[..], br#"{"id":7}"#);
+
+        let (no_id, _) = capture(response("[1,2]"), &POLICY).await;
+        assert_eq!(names(&no_id), ["location"]);
+        assert!(no_id.body.is_empty());
+    }
+
+    #[test]
+    fn a_replay_skips_what_must_never_be_replayed_even_if_stored() {
+        let stored = StoredResponse {
+            status: 200,
+            headers: vec![
+                ("set-cookie".into(), "session=1".into()),
+                ("content-type".into(), "text/plain".into()),
+                ("bad name".into(), "x".into()),
+            ],
+            body: Bytes::from_static(b"ok"),
+        };
+        let replay = replay(&stored, Timestamp::from_millis(0));
+        assert!(!replay.headers().contains_key(SET_COOKIE));
+        assert_eq!(replay.headers()[CONTENT_TYPE], "text/plain");
+        assert_eq!(replay.headers()[&REPLAYED], "true");
+        assert_eq!(replay.headers()[&EXPIRES], "Thu, 01 Jan 1970 00:00:00 GMT");
+    }
+}

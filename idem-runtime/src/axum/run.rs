@@ -98,7 +98,7 @@ fn malformed(engine: &Engine, policy: &Policy, scope: &str, error: &KeyError) ->
     engine.metrics().record(Outcome::MalformedKey);
     // The value itself is not logged: it is client-controlled and, being malformed, possibly huge.
     tracing::info!(target: "idem", outcome = Outcome::MalformedKey.as_str(),
-        handler = policy.handler, scope, %error, "idempotency decision");
+        handler = policy.handler, %scope, %error, "idempotency decision");
     Problem::new(
         ProblemType::MalformedKey,
         format!("{error}. A key is 1 to 255 visible ASCII characters, sent in one Idempotency-Key header, bare or as a quoted string."),
@@ -114,7 +114,7 @@ fn missing_key(
     let note = |outcome: Outcome| {
         engine.metrics().record(outcome);
         tracing::info!(target: "idem", outcome = outcome.as_str(), handler = policy.handler,
-            scope, "idempotency decision");
+            %scope, "idempotency decision");
     };
     let deadline = policy
         .reject_after_ms
