@@ -225,3 +225,19 @@ async fn extractor_rejections_keep_axums_response_and_do_not_burn_the_key() {
     assert!(!good.replayed());
     assert_eq!(h.probe.calls(), 1);
 }
+
+#[tokio::test]
+async fn a_response_that_cannot_be_stored_still_reaches_the_client() {
+    let h = Harness::new();
+    h.store.fail_complete.store(true, Ordering::SeqCst);
+    let fresh = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(fresh.json()["id"], "pay_1");
+    assert!(
+        !fresh.headers.contains_key("idempotency-expires"),
+        "no promise that the key is remembered"
+    );
+    assert_eq!(h.count(Outcome::CompletionFailed), 1);
+}

@@ -225,3 +225,28 @@ async fn a_global_handler_with_a_head_only_extractor_replays() {
     assert_eq!(&other.body[..], b"pong 1 for alice");
     assert!(h.record("global", "k1").await.is_some());
 }
+
+#[tokio::test]
+async fn nested_routers_do_not_share_fingerprints() {
+    let h = Harness::new();
+    let app = App {
+        engine: h.engine.clone(),
+        probe: h.probe.clone(),
+    };
+    let nested = axum::Router::new()
+        .nest("/v1", router(app.clone()))
+        .nest("/v2", router(app));
+    let v1 = send(
+        nested.clone(),
+        json_post("/v1/payments", "alice", &["k1"], PAY_1000),
+    )
+    .await;
+    assert_eq!(v1.status, 201);
+    // The same inner path under another prefix is another endpoint.
+    let v2 = send(
+        nested,
+        json_post("/v2/payments", "alice", &["k1"], PAY_1000),
+    )
+    .await;
+    v2.assert_problem(422, "urn:idem:problem:key-mismatch");
+}

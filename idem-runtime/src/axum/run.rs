@@ -20,6 +20,7 @@ use crate::key::{IdempotencyKey, KeyError};
 use crate::metrics::Outcome;
 use crate::policy::{MissingKey, Policy};
 use crate::record::RecordKey;
+use crate::store::StoreErrorKind;
 use ::axum::http::HeaderValue;
 use ::axum::response::{IntoResponse, Response};
 use std::future::Future;
@@ -160,9 +161,17 @@ where
     let response = handler.await.into_response();
     if response.status().is_server_error() {
         let key = claim.key().clone();
-        if let Err(error) = claim.release().await {
-            tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
-                key = %key.key, %error, "could not release the key after a server error; it stays claimed until its lease runs out");
+        match claim.release().await {
+            Ok(()) => {}
+            // Another request took the key over after this one's lease ran out: it is theirs now.
+            Err(error) if error.kind() == StoreErrorKind::Fenced => {
+                tracing::debug!(target: "idem", handler = policy.handler, scope = %key.scope,
+                    key = %key.key, "the key was taken over before it could be released");
+            }
+            Err(error) => {
+                tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
+                    key = %key.key, %error, "could not release the key after a server error; a retry can run once its lease runs out");
+            }
         }
         return response;
     }

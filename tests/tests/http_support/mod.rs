@@ -40,6 +40,8 @@ pub const START_PLUS_DAY: &str = "Tue, 01 Dec 2026 00:00:00 GMT";
 pub struct TestStore {
     pub inner: MemoryStore,
     pub fail: AtomicBool,
+    /// Fail every completion (the response cannot be stored).
+    pub fail_complete: AtomicBool,
     pub subscriptions: watch::Sender<usize>,
     pub claims: AtomicUsize,
 }
@@ -59,6 +61,9 @@ impl Store for TestStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
+        if self.fail_complete.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("connection reset (test)"));
+        }
         self.inner.complete(key, token, response).await
     }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
