@@ -8,10 +8,11 @@
 //! mistake never reaches a request.
 //!
 //! ```
-//! use axum::extract::FromRef;
+//! use axum::extract::{FromRef, State};
+//! use axum::routing::post;
 //! use axum::Router;
 //! use idem_runtime::store::memory::MemoryStore;
-//! use idem_runtime::Engine;
+//! use idem_runtime::{idempotent, Engine};
 //!
 //! #[derive(Clone, FromRef)]
 //! struct App {
@@ -20,9 +21,24 @@
 //!     greeting: &'static str,
 //! }
 //!
+//! #[idempotent(scope = "global", ttl = "1h")]
+//! async fn create(State(greeting): State<&'static str>, body: String) -> String {
+//!     format!("{greeting}, {body}")
+//! }
+//!
 //! let app = App { engine: Engine::new(MemoryStore::new()), greeting: "hello" };
-//! let router: Router = Router::new() /* .route("/payments", post(create_payment)) */ .with_state(app);
+//! let router: Router = Router::new().route("/things", post(create)).with_state(app);
 //! # let _ = router;
+//! ```
+//!
+//! Without the engine in the state, the router does not compile (`create` "is not a `Handler`"):
+//!
+//! ```compile_fail
+//! # use axum::{extract::State, routing::post, Router};
+//! # use idem_runtime::idempotent;
+//! # #[idempotent(scope = "global")]
+//! # async fn create(State(greeting): State<&'static str>, body: String) -> String { body }
+//! let router: Router = Router::new().route("/things", post(create)).with_state("hello");
 //! ```
 //!
 //! A router whose whole state is the engine works too: `Router::new().with_state(engine)`.
