@@ -48,6 +48,9 @@
 //! 1. **Body and extractors.** The body is read once (up to the handler's limit, else 413) and the
 //!    handler's own extractors run. Their rejections (bad JSON, missing auth) are axum's own responses
 //!    and happen before any key is claimed, so a corrected retry with the same key still runs.
+//!    axum's own [`DefaultBodyLimit`](::axum::extract::DefaultBodyLimit) (2 MiB unless changed)
+//!    still applies to the handler's body extractor: for a `max_body` above it, raise it on the
+//!    route too.
 //! 2. **The key.** One `Idempotency-Key` header of 1–255 visible ASCII characters, bare or as a
 //!    structured-field string (`"abc"` is the key `abc`). Two headers or a malformed value: 400.
 //!    Without a key, the policy decides: `reject` (400), `pass` (run unprotected and count
