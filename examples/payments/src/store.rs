@@ -13,8 +13,10 @@ use std::sync::Arc;
 /// | `sqlite:...` | for now [`MemoryStore`] (see the TODO below) |
 ///
 // TODO(integrator): wire the persistent stores here once they land:
-//   - `sqlite:` → `idem_runtime::store::sqlite::SqliteStore` on the same file as the ledger (then a
-//     restart replays; enable the ignored test `payments_restart`), plus a `Sweeper`;
+//   - `sqlite:` → `idem_runtime::store::sqlite::SqliteStore` (branch `sqlite` has
+//     `SqliteStore::connect(url)` and `SqliteStore::from_pool(pool)`; when the URL is DATABASE_URL,
+//     `from_pool(ledger.pool().clone())` shares the ledger's pool). Then a restart replays: remove
+//     the `#[ignore]` of `tests/tests/payments_restart.rs`. Spawn a `Sweeper` for it too;
 //   - `postgres:` → `idem_runtime::store::postgres::PostgresStore`;
 //   - `redis:` → `idem_runtime::store::redis::RedisStore`.
 pub async fn store_from_url(url: &str) -> Result<Arc<dyn Store>, StartError> {
