@@ -1,9 +1,248 @@
-//! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it.
+//! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it as
+//! `idem_runtime::idempotent`; this crate has no other API.
+//!
+//! Internals: `attr.rs` parses the arguments, `config.rs` validates them against the handler,
+//! `values.rs` reads durations, dates and sizes, `expand.rs` rewrites the handler.
+
+mod attr;
+mod config;
+mod expand;
+mod values;
 
 use proc_macro::TokenStream;
 
-/// Makes an axum handler idempotent (placeholder: passes the handler through).
+/// Makes an axum handler idempotent: a retried request (same `Idempotency-Key`, same caller, same
+/// request) gets the stored response of the first one instead of running the handler again.
+///
+/// ```
+/// # use axum::{extract::{FromRef, FromRequestParts, State}, http::{request::Parts, StatusCode}, Json};
+/// # use idem_runtime::axum::Scope;
+/// # use std::borrow::Cow;
+/// # #[derive(serde::Deserialize)] struct NewPayment { amount: u64 }
+/// # struct AuthUser { id: String }
+/// # impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
+/// #     type Rejection = StatusCode;
+/// #     async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> { Ok(AuthUser { id: "u1".into() }) }
+/// # }
+/// use idem_runtime::{idempotent, Engine};
+///
+/// #[derive(Clone)]
+/// struct App {
+///     idem: Engine,
+///     // ... the application's own state
+/// }
+///
+/// // The generated code takes the engine from the router state: a router whose state has no
+/// // `Engine` does not compile.
+/// impl FromRef<App> for Engine {
+///     fn from_ref(app: &App) -> Engine {
+///         app.idem.clone()
+///     }
+/// }
+///
+/// // Keys are unique per caller: the `scope` parameter's type says who is asking.
+/// impl Scope for AuthUser {
+///     fn scope_id(&self) -> Cow<'_, str> {
+///         Cow::Borrowed(&self.id)
+///     }
+/// }
+///
+/// #[idempotent(scope = "user", ttl = "24h")]
+/// async fn create_payment(
+///     State(app): State<App>,
+///     user: AuthUser,
+///     Json(req): Json<NewPayment>,
+/// ) -> (StatusCode, String) {
+///     (StatusCode::CREATED, format!("{} paid {}", user.id, req.amount))
+/// }
+///
+/// let router: axum::Router<App> = axum::Router::new()
+///     .route("/payments", axum::routing::post(create_payment));
+/// ```
+///
+/// The handler keeps its extractors, its body and its return type (anything that implements
+/// `IntoResponse`, including `Result` with `?` in the body). Extractor rejections (bad JSON, no
+/// credentials) happen before the key is claimed, so they do not burn it.
+///
+/// # Options
+///
+/// Every option is checked at compile time; a mistake is an error on the literal you wrote, with
+/// the accepted forms and, for a near miss, the probable meaning (`"24 hours"` → `"24h"`).
+///
+/// | option | values | default |
+/// |---|---|---|
+/// | `scope` | a parameter name, or `"global"` | **required** |
+/// | `ttl` | duration, > 0, ≤ `"366d"` | `"24h"` |
+/// | `retain` | duration, ≥ `ttl`, ≤ `"366d"` | `"7d"` (or `ttl` if longer) |
+/// | `lease` | duration (`ms` allowed), > 0 | `"30s"` |
+/// | `wait` | duration (`ms` allowed), may be `"0s"` | `"10s"` |
+/// | `missing_key` | `"reject"`, `"pass"`, `"derive"` | `"reject"` |
+/// | `derive_window` | duration, > 0, ≤ `ttl`; only with `missing_key = "derive"` | `"10s"` |
+/// | `reject_after` | date `"YYYY-MM-DD"`; only with `missing_key = "pass"` | none |
+/// | `replay` | `"full"`, `"minimal"` | `"full"` |
+/// | `max_body` | size: `"<n>B"`, `"KiB"`, `"MiB"`, `"GiB"`, > 0, ≤ `"1GiB"` | `"1MiB"` |
+/// | `policy` | path of a `const` [`Policy`] | `Policy::new()` |
+///
+/// **Durations** are one whole number and one unit, no spaces: `s`, `m`, `h`, `d` (`"90s"`,
+/// `"15m"`, `"24h"`, `"7d"`). `lease` and `wait` also take `ms` (`"250ms"`), as sub-second values
+/// make sense only for them.
+///
+/// ## `scope = "<parameter>"` (required)
+///
+/// Names the handler parameter that identifies the caller. It must be a parameter bound to a plain
+/// name (`user: AuthUser` or `mut user: AuthUser`, not `Extension(user): Extension<AuthUser>`),
+/// and its type must implement [`Scope`]; if not, the error points at the type. One caller's key
+/// never returns another caller's response.
+///
+/// `scope = "global"` opts out: all callers share one key space. Use it for endpoints without
+/// callers to tell apart (a webhook receiver that dedupes on the sender's event id), never for
+/// per-user data. `"global"` always means this, even if a parameter is called `global`.
+///
+/// ## `ttl`, `retain`, `lease`, `wait`
+///
+/// - `ttl`: how long a completed key is replayed. After it, the key answers 410 *expired*.
+/// - `retain`: how long, counted from the claim, the record is kept as a tombstone so a late
+///   retry gets *expired* instead of running again. At least `ttl`.
+/// - `lease`: how long a claim may stay in flight before another request may take it over (the
+///   original worker is presumed dead). Longer than the handler's slowest run.
+/// - `wait`: how long a duplicate waits for the in-flight original before answering 409 with
+///   `Retry-After`; `"0s"` answers 409 at once.
+///
+/// ```
+/// # use idem_runtime::idempotent; use axum::extract::State;
+/// # #[derive(Clone)] struct App; impl axum::extract::FromRef<App> for idem_runtime::Engine { fn from_ref(_: &App) -> Self { unimplemented!() } }
+/// #[idempotent(scope = "global", ttl = "1h", retain = "30d", lease = "45s", wait = "500ms")]
+/// async fn receive_webhook(State(app): State<App>, body: String) -> &'static str {
+///     "ok"
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/", axum::routing::post(receive_webhook));
+/// ```
+///
+/// ## `missing_key`, `derive_window`, `reject_after`
+///
+/// What to do with a request that carries no `Idempotency-Key`:
+///
+/// - `"reject"` (default): 400; the endpoint requires a key.
+/// - `"pass"`: run the handler unprotected and count it, so operators see when clients are ready
+///   for `"reject"`. Add `reject_after = "2027-03-01"` to pass until that date and reject from its
+///   midnight UTC on: a migration with a deadline, stated in code.
+/// - `"derive"`: derive the key from the scope, method, path and canonical body, valid for
+///   `derive_window` (default `"10s"`, at most `ttl`): a stop-gap against double taps from clients
+///   that cannot be updated yet. Identical requests inside the window are treated as one.
+///
+/// ```
+/// # use idem_runtime::idempotent; use axum::extract::State;
+/// # #[derive(Clone)] struct App; impl axum::extract::FromRef<App> for idem_runtime::Engine { fn from_ref(_: &App) -> Self { unimplemented!() } }
+/// # struct AuthUser; impl idem_runtime::axum::Scope for AuthUser { fn scope_id(&self) -> std::borrow::Cow<'_, str> { "u".into() } }
+/// # impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AuthUser { type Rejection = (); async fn from_request_parts(_: &mut axum::http::request::Parts, _: &S) -> Result<Self, ()> { Ok(AuthUser) } }
+/// #[idempotent(scope = "user", missing_key = "derive", derive_window = "5s")]
+/// async fn legacy_create(user: AuthUser, body: String) -> &'static str {
+///     "created"
+/// }
+///
+/// #[idempotent(scope = "user", missing_key = "pass", reject_after = "2027-03-01")]
+/// async fn refund(user: AuthUser, body: String) -> &'static str {
+///     "refunded"
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/a", axum::routing::post(legacy_create)).route("/b", axum::routing::post(refund));
+/// ```
+///
+/// The adoption path for an existing endpoint: `"pass"` (watch the counter), then `"pass"` with
+/// `reject_after`, then `"reject"`.
+///
+/// ## `replay`
+///
+/// - `"full"` (default): a replay returns the stored status, replayable headers and body.
+/// - `"minimal"`: only the status, `Location` and the resource id; keeps the store small and sends
+///   clients to the current state behind `Location`.
+///
+/// ## `max_body`
+///
+/// The largest request body accepted (413 beyond). The body is buffered once to fingerprint it
+/// and then handed to the handler's own body extractor. Units `B`, `KiB`, `MiB`, `GiB`
+/// (`"1MB"` is refused as ambiguous, with the `MiB` spelling suggested).
+///
+/// ## `policy = PATH`: one policy for many handlers
+///
+/// A service states its payment policy once, as a `const` built with [`Policy`]'s `const fn`s,
+/// and names it in each handler. Options written in the attribute override the named policy's
+/// values:
+///
+/// ```
+/// # use idem_runtime::idempotent; use axum::extract::State;
+/// # #[derive(Clone)] struct App; impl axum::extract::FromRef<App> for idem_runtime::Engine { fn from_ref(_: &App) -> Self { unimplemented!() } }
+/// # struct AuthUser; impl idem_runtime::axum::Scope for AuthUser { fn scope_id(&self) -> std::borrow::Cow<'_, str> { "u".into() } }
+/// # impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AuthUser { type Rejection = (); async fn from_request_parts(_: &mut axum::http::request::Parts, _: &S) -> Result<Self, ()> { Ok(AuthUser) } }
+/// use idem_runtime::policy::{Policy, ReplayMode};
+/// use std::time::Duration;
+///
+/// pub const PAYMENTS: Policy = Policy::new()
+///     .ttl(Duration::from_secs(24 * 3600))
+///     .retain(Duration::from_secs(30 * 24 * 3600))
+///     .replay(ReplayMode::Minimal);
+///
+/// #[idempotent(scope = "user", policy = PAYMENTS)]
+/// async fn create_payment(user: AuthUser, body: String) -> &'static str {
+///     "created"
+/// }
+///
+/// #[idempotent(scope = "user", policy = PAYMENTS, replay = "full")] // overrides `replay`
+/// async fn refund_payment(user: AuthUser, body: String) -> &'static str {
+///     "refunded"
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/a", axum::routing::post(create_payment)).route("/b", axum::routing::post(refund_payment));
+/// ```
+///
+/// The named policy is still checked at compile time: each handler's policy is a `const` ending in
+/// [`Policy::checked`], so a contradiction (say `retain` shorter than `ttl`, or a `derive_window`
+/// longer than `ttl`) stops the build with an "evaluation panicked: idem policy: …" error
+/// pointing at `policy = PAYMENTS`. The attribute checks what it can see itself (contradictions
+/// among the options it was given) with more precise messages; the rest falls to `checked()`.
+/// Without `policy`, unset options take [`Policy::new`]'s defaults.
+///
+/// # What the handler becomes
+///
+/// The attribute adds a first parameter that takes the [`Engine`] from the router state (so the
+/// state must provide one: `impl FromRef<AppState> for Engine`, or `#[derive(FromRef)]` on the
+/// state), wraps the last parameter so the body is buffered and fingerprinted, and runs the
+/// original body inside the engine. The response type becomes `axum::response::Response`. A
+/// router whose state has no `Engine` fails to compile at `.route(...)` with axum's "the trait
+/// bound `fn(EngineState, ...) {handler}: Handler<_, _>` is not satisfied": the `EngineState`
+/// parameter there is the missing engine.
+///
+/// Handlers must be `async fn`, must not take `self`, must not be generic and take at most 15
+/// parameters (axum's limit of 16 extractors, minus the engine). Other attributes (doc comments,
+/// `#[tracing::instrument]`, lints) and the visibility are kept.
+///
+/// If the attribute reports an error, it leaves the handler as written, so the code naming it
+/// keeps compiling and only the attribute's own errors show.
+///
+/// # Seeing the expansion
+///
+/// Set `IDEM_DEBUG_EXPAND=1` while building to print every handler's expansion to stderr, or
+/// `IDEM_DEBUG_EXPAND=create_payment,refund` for some handlers (touch the source file, or
+/// `cargo clean -p <crate>`, so the macro runs again).
+///
+/// [`Scope`]: ../idem_runtime/axum/trait.Scope.html
+/// [`Policy`]: ../idem_runtime/policy/struct.Policy.html
+/// [`Policy::checked`]: ../idem_runtime/policy/struct.Policy.html#method.checked
+/// [`Policy::new`]: ../idem_runtime/policy/struct.Policy.html#method.new
+/// [`Engine`]: ../idem_runtime/engine/struct.Engine.html
 #[proc_macro_attribute]
-pub fn idempotent(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let item = proc_macro2::TokenStream::from(item);
+    let output = match config::build(args.into(), item.clone()) {
+        Ok(config) => {
+            let name = config.handler.sig.ident.to_string();
+            let tokens = expand::expand(config);
+            expand::debug_print(&name, &tokens);
+            tokens
+        }
+        // Never expand to nothing: the handler as written, plus every error.
+        Err(errors) => {
+            let errors = errors.to_compile_error();
+            quote::quote!(#item #errors)
+        }
+    };
+    output.into()
 }

@@ -1,9 +1,120 @@
-//! axum integration: what the `#[idempotent]` attribute expands to calls into this module.
+//! axum integration: the HTTP behaviour of `#[idempotent]` handlers.
 //!
-//! (Interface fixed; behaviour being filled in.)
+//! # Router state
+//!
+//! An idempotent handler takes the [`Engine`](crate::Engine) from the router state through axum's
+//! [`FromRef`](::axum::extract::FromRef). Put the engine in your state struct and derive `FromRef`;
+//! a router whose state holds no engine does not compile (the handler is "not a `Handler`"), so the
+//! mistake never reaches a request.
+//!
+//! ```
+//! use axum::extract::{FromRef, State};
+//! use axum::routing::post;
+//! use axum::Router;
+//! use idem_runtime::store::memory::MemoryStore;
+//! use idem_runtime::{idempotent, Engine};
+//!
+//! #[derive(Clone, FromRef)]
+//! struct App {
+//!     engine: Engine,
+//!     // ... your own state: a database pool, configuration, ...
+//!     greeting: &'static str,
+//! }
+//!
+//! #[idempotent(scope = "global", ttl = "1h")]
+//! async fn create(State(greeting): State<&'static str>, body: String) -> String {
+//!     format!("{greeting}, {body}")
+//! }
+//!
+//! let app = App { engine: Engine::new(MemoryStore::new()), greeting: "hello" };
+//! let router: Router = Router::new().route("/things", post(create)).with_state(app);
+//! # let _ = router;
+//! ```
+//!
+//! Without the engine in the state, the router does not compile (`create` "is not a `Handler`"):
+//!
+//! ```compile_fail
+//! # use axum::{extract::State, routing::post, Router};
+//! # use idem_runtime::idempotent;
+//! # #[idempotent(scope = "global")]
+//! # async fn create(State(greeting): State<&'static str>, body: String) -> String { body }
+//! let router: Router = Router::new().route("/things", post(create)).with_state("hello");
+//! ```
+//!
+//! A router whose whole state is the engine works too: `Router::new().with_state(engine)`.
+//!
+//! # What a request goes through
+//!
+//! 1. **Body and extractors.** The body is read once (up to the handler's limit, else 413) and the
+//!    handler's own extractors run. Their rejections (bad JSON, missing auth) are axum's own responses
+//!    and happen before any key is claimed, so a corrected retry with the same key still runs.
+//!    axum's own [`DefaultBodyLimit`](::axum::extract::DefaultBodyLimit) (2 MiB unless changed)
+//!    still applies to the handler's body extractor: for a `max_body` above it, raise it on the
+//!    route too.
+//! 2. **The key.** One `Idempotency-Key` header of 1–255 visible ASCII characters, bare or as a
+//!    structured-field string (`"abc"` is the key `abc`). Two headers or a malformed value: 400.
+//!    Without a key, the policy decides: `reject` (400), `pass` (run unprotected and count
+//!    [`Outcome::MissingKeyPassed`](crate::metrics::Outcome::MissingKeyPassed); from `reject_after`
+//!    on, 400), or `derive` (a key from the request's fingerprint, remembered for `derive_window`:
+//!    double taps of the same request within the window run once).
+//! 3. **The decision.** The key is scoped to the caller and bound to the request's fingerprint
+//!    (method, path with query, canonical body). The [`Engine`](crate::Engine) answers execute,
+//!    replay, or one of the problems below. A duplicate of a request still running waits for it (up
+//!    to the policy's `wait`) and then replays its response.
+//! 4. **Execute.** A 5xx response releases the key: the failure is not stored and a retry runs the
+//!    handler again. A panic or a cancelled request releases it too. Any other status (2xx, 3xx and
+//!    4xx alike) is stored and replayed to every retry.
+//!
+//! # Headers
+//!
+//! | header | on | value |
+//! |---|---|---|
+//! | `Idempotency-Replayed` | replays only | `true` |
+//! | `Idempotency-Expires` | fresh and replayed responses, 422 problems | IMF-fixdate until which the key is remembered and bound to its request |
+//! | `Retry-After` | 409 and 503 problems | seconds |
+//!
+//! A fresh response carries `Idempotency-Expires` only if it was stored; if the store failed to
+//! record it (logged and counted as
+//! [`Outcome::CompletionFailed`](crate::metrics::Outcome::CompletionFailed)), the client still gets
+//! the response, without the promise.
+//!
+//! # What is stored and replayed
+//!
+//! In [`ReplayMode::Full`](crate::policy::ReplayMode::Full): the status, `Content-Type`,
+//! `Content-Language`, `Location`, the policy's [`replay_headers`](crate::Policy::replay_headers),
+//! and the body up to [`max_stored_body`](crate::Policy::max_stored_body). `Set-Cookie` and
+//! hop-by-hop headers are never stored. In [`ReplayMode::Minimal`](crate::policy::ReplayMode::Minimal):
+//! the status, `Location`, and `{"id": …}` when the body is a JSON object with a top-level `id`.
+//!
+//! Two cases fall back to minimal storage (status and `Location`, no id) whatever the mode: a body
+//! larger than `max_stored_body` (it is still streamed whole to the first client), and a body whose
+//! stream fails midway (the handler did run, so the key must not run it again; the first client gets
+//! the stream error).
+//!
+//! # Problems
+//!
+//! Errors are RFC 9457 `application/problem+json` documents with a stable `type`: see
+//! [`problem`] for the table of types, statuses and what a client should do.
+//!
+//! # Observability
+//!
+//! Every decision is a `tracing` event with target `idem` and fields `outcome`, `handler`, `scope`
+//! and `key` (never bodies; a malformed key's value is not logged). The counters are in
+//! [`Engine::metrics`](crate::Engine::metrics).
 
 #[doc(hidden)]
 pub mod private;
+pub mod problem;
+mod request;
+mod respond;
+mod run;
 pub mod scope;
 
+pub use problem::ProblemType;
 pub use scope::Scope;
+
+/// The header marking a replayed response (value `true`). Fresh responses do not carry it.
+pub const REPLAYED_HEADER: &str = "idempotency-replayed";
+
+/// The header telling until when the key is remembered (an IMF-fixdate, as in `Expires`).
+pub const EXPIRES_HEADER: &str = "idempotency-expires";

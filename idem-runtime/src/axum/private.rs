@@ -91,10 +91,8 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        let bytes = ::axum::body::to_bytes(body, LIMIT)
-            .await
-            .map_err(|_| ::axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response())?;
-        let ctx = context(&parts, bytes.clone());
+        let bytes = super::request::read_body(body, LIMIT).await?;
+        let ctx = super::request::context(&parts, bytes.clone());
         let req = Request::from_parts(parts, ::axum::body::Body::from(bytes));
         let inner = T::from_request(req, state)
             .await
@@ -112,46 +110,25 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (mut parts, body) = req.into_parts();
-        let bytes = ::axum::body::to_bytes(body, LIMIT)
-            .await
-            .map_err(|_| ::axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response())?;
+        let bytes = super::request::read_body(body, LIMIT).await?;
         let inner = T::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        Ok(Self(inner, context(&parts, bytes)))
-    }
-}
-
-fn context(parts: &Parts, body: Bytes) -> RequestContext {
-    RequestContext {
-        method: parts.method.clone(),
-        path: parts
-            .uri
-            .path_and_query()
-            .map(|pq| pq.as_str().to_owned())
-            .unwrap_or_else(|| parts.uri.path().to_owned()),
-        content_type: parts
-            .headers
-            .get(::axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        keys: parts
-            .headers
-            .get_all("idempotency-key")
-            .iter()
-            .cloned()
-            .collect(),
-        body,
+        Ok(Self(inner, super::request::context(&parts, bytes)))
     }
 }
 
 /// The scope id of the `scope` parameter. Fails to compile (pointing at the parameter) when its type
 /// does not implement [`Scope`](super::Scope).
-pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'_, str> {
-    value.scope_id()
+///
+/// The id is returned owned (the record key needs an owned copy anyway) so that the parameter can
+/// still move into the handler body after its id was taken.
+pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'static, str> {
+    Cow::Owned(value.scope_id().into_owned())
 }
 
-/// Runs `handler` under idempotency protection. (Stub: runs the handler unprotected.)
+/// Runs `handler` under idempotency protection: reads the key, asks the engine, then runs and stores,
+/// replays, or answers a problem. See [`axum`](super) for the behaviour.
 pub async fn run<F, R>(
     engine: EngineState,
     policy: &'static Policy,
@@ -163,6 +140,5 @@ where
     F: Future<Output = R>,
     R: IntoResponse,
 {
-    let _ = (engine, policy, scope, request);
-    handler.await.into_response()
+    super::run::run(&engine.0, policy, scope.into_owned(), request, handler).await
 }

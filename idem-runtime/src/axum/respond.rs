@@ -1,0 +1,276 @@
+//! Responses in and out of the store: what a fresh response leaves behind, and how a replay is rebuilt.
+//!
+//! Only what is safe to send again is stored: the status, `Content-Type`, `Content-Language`,
+//! `Location` and the policy's [`replay_headers`](crate::Policy::replay_headers), and the body up to
+//! [`max_stored_body`](crate::Policy::max_stored_body). `Set-Cookie` (a session minted for one
+//! response must not be handed out again), hop-by-hop headers and `Content-Length` are never stored,
+//! whatever the policy lists.
+
+use crate::clock::Timestamp;
+use crate::policy::{Policy, ReplayMode};
+use crate::record::StoredResponse;
+use ::axum::body::Body;
+use ::axum::http::header::{HeaderMap, HeaderName, HeaderValue, LOCATION};
+use ::axum::http::response::Parts;
+use ::axum::http::StatusCode;
+use ::axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{self, StreamExt};
+use http_body_util::BodyExt;
+
+/// Marks a replayed response (`true`); fresh responses do not carry it.
+pub(crate) static REPLAYED: HeaderName = HeaderName::from_static(super::REPLAYED_HEADER);
+/// Until when the key is remembered, as an IMF-fixdate.
+pub(crate) static EXPIRES: HeaderName = HeaderName::from_static(super::EXPIRES_HEADER);
+
+/// Headers stored in [`ReplayMode::Full`] besides the policy's own list.
+const ALWAYS_REPLAYED: [&str; 3] = ["content-type", "content-language", "location"];
+
+/// Headers never stored, even if a policy names them.
+const NEVER_REPLAYED: [&str; 14] = [
+    "set-cookie",
+    "set-cookie2",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    super::REPLAYED_HEADER,
+    super::EXPIRES_HEADER,
+];
+
+/// Sets the `Idempotency-Expires` header.
+pub(crate) fn set_expires(headers: &mut HeaderMap, at: Timestamp) {
+    let date = httpdate::fmt_http_date(at.to_system_time());
+    if let Ok(value) = HeaderValue::from_str(&date) {
+        headers.insert(EXPIRES.clone(), value);
+    }
+}
+
+/// The handler's response, split into what to store and what to send now.
+///
+/// The body is read up to the stored-body cap. A body within the cap is sent from the buffer. A larger
+/// one is sent whole (the buffered part, then the rest as it streams) and stored as in
+/// [`ReplayMode::Minimal`] without the id. A body whose stream fails is also stored minimally: the
+/// handler has run, its effects happened, and a retry must not run it again; the client receives what
+/// was produced and then the same stream error. Trailers are not forwarded.
+pub(crate) async fn capture(response: Response, policy: &Policy) -> (StoredResponse, Response) {
+    let (parts, mut body) = response.into_parts();
+    let cap = policy.max_stored_body;
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    let ending = loop {
+        match body.frame().await {
+            None => break Ending::Complete,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    len = len.saturating_add(data.len());
+                    chunks.push(data);
+                    if len > cap {
+                        break Ending::Overflow;
+                    }
+                }
+            }
+            Some(Err(e)) => break Ending::Failed(e),
+        }
+    };
+    match ending {
+        Ending::Complete => {
+            let bytes = concat(chunks, len);
+            let stored = match policy.replay {
+                ReplayMode::Full => full(&parts, bytes.clone(), policy),
+                ReplayMode::Minimal => minimal(&parts, Some(&bytes)),
+            };
+            (stored, Response::from_parts(parts, Body::from(bytes)))
+        }
+        Ending::Overflow => {
+            tracing::debug!(target: "idem", handler = policy.handler, cap,
+                "response body over max_stored_body; storing status and Location only");
+            let stored = minimal(&parts, None);
+            let rest = stream::iter(chunks.into_iter().map(Ok)).chain(body.into_data_stream());
+            (stored, Response::from_parts(parts, Body::from_stream(rest)))
+        }
+        Ending::Failed(error) => {
+            tracing::warn!(target: "idem", handler = policy.handler, %error,
+                "response body failed while streaming; storing status and Location only");
+            let stored = minimal(&parts, None);
+            let sent = stream::iter(
+                chunks
+                    .into_iter()
+                    .map(Ok)
+                    .chain(std::iter::once(Err(error))),
+            );
+            (stored, Response::from_parts(parts, Body::from_stream(sent)))
+        }
+    }
+}
+
+enum Ending {
+    Complete,
+    Overflow,
+    Failed(::axum::Error),
+}
+
+fn concat(chunks: Vec<Bytes>, len: usize) -> Bytes {
+    match <[Bytes; 1]>::try_from(chunks) {
+        Ok([single]) => single,
+        Err(chunks) => {
+            let mut buf = BytesMut::with_capacity(len);
+            for chunk in chunks {
+                buf.extend_from_slice(&chunk);
+            }
+            buf.freeze()
+        }
+    }
+}
+
+fn is_replayable(name: &str, policy: &Policy) -> bool {
+    !NEVER_REPLAYED.contains(&name)
+        && (ALWAYS_REPLAYED.contains(&name)
+            || policy
+                .replay_headers
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(name)))
+}
+
+/// Status, replayable headers (values that are not visible ASCII are skipped: they could not be
+/// stored as text), and the body.
+fn full(parts: &Parts, body: Bytes, policy: &Policy) -> StoredResponse {
+    let headers = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| is_replayable(name.as_str(), policy))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+        })
+        .collect();
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers,
+        body,
+    }
+}
+
+/// Status, `Location`, and `{"id": …}` when `body` is a JSON object with a top-level `id`.
+fn minimal(parts: &Parts, body: Option<&Bytes>) -> StoredResponse {
+    let mut headers: Vec<(String, String)> = parts
+        .headers
+        .get_all(LOCATION)
+        .iter()
+        .filter_map(|v| Some(("location".to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    let id = body
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        .and_then(|mut v| v.get_mut("id").map(serde_json::Value::take));
+    let body = match id {
+        Some(id) => {
+            headers.push(("content-type".to_owned(), "application/json".to_owned()));
+            Bytes::from(serde_json::json!({ "id": id }).to_string())
+        }
+        None => Bytes::new(),
+    };
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers,
+        body,
+    }
+}
+
+/// Rebuilds a stored response, marked `Idempotency-Replayed: true` and carrying the key's expiry.
+pub(crate) fn replay(stored: &StoredResponse, expires_at: Timestamp) -> Response {
+    let Ok(status) = StatusCode::from_u16(stored.status) else {
+        tracing::warn!(target: "idem", status = stored.status, "stored response has an invalid status");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let mut response = Response::new(Body::from(stored.body.clone()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in &stored.headers {
+        if NEVER_REPLAYED.contains(&name.as_str()) {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(REPLAYED.clone(), HeaderValue::from_static("true"));
+    set_expires(headers, expires_at);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::axum::http::header::{CONTENT_TYPE, SET_COOKIE};
+
+    fn response(body: &'static str) -> Response {
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = StatusCode::CREATED;
+        let h = response.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(LOCATION, HeaderValue::from_static("/things/7"));
+        h.insert(SET_COOKIE, HeaderValue::from_static("session=1"));
+        h.insert("x-a", HeaderValue::from_static("a"));
+        h.insert("x-b", HeaderValue::from_static("b"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        response
+    }
+
+    fn names(stored: &StoredResponse) -> Vec<&str> {
+        let mut names: Vec<_> = stored.headers.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[tokio::test]
+    async fn a_policy_cannot_make_set_cookie_or_hop_by_hop_headers_replayable() {
+        const POLICY: Policy =
+            Policy::new().replay_headers(&["X-A", "set-cookie", "transfer-encoding"]);
+        let (stored, sent) = capture(response(r#"{"id":7}"#), &POLICY).await;
+        assert_eq!(names(&stored), ["content-type", "location", "x-a"]);
+        assert_eq!(stored.status, 201);
+        assert_eq!(&stored.body[..], br#"{"id":7}"#);
+        assert!(
+            sent.headers().contains_key(SET_COOKIE),
+            "the fresh response is untouched"
+        );
+    }
+
+    #[tokio::test]
+    async fn minimal_keeps_status_location_and_a_numeric_id() {
+        const POLICY: Policy = Policy::new().replay(ReplayMode::Minimal);
+        let (stored, _) = capture(response(r#"{"name":"x","id":7}"#), &POLICY).await;
+        assert_eq!(names(&stored), ["content-type", "location"]);
+        assert_eq!(&stored.body[..], br#"{"id":7}"#);
+
+        let (no_id, _) = capture(response("[1,2]"), &POLICY).await;
+        assert_eq!(names(&no_id), ["location"]);
+        assert!(no_id.body.is_empty());
+    }
+
+    #[test]
+    fn a_replay_skips_what_must_never_be_replayed_even_if_stored() {
+        let stored = StoredResponse {
+            status: 200,
+            headers: vec![
+                ("set-cookie".into(), "session=1".into()),
+                ("content-type".into(), "text/plain".into()),
+                ("bad name".into(), "x".into()),
+            ],
+            body: Bytes::from_static(b"ok"),
+        };
+        let replay = replay(&stored, Timestamp::from_millis(0));
+        assert!(!replay.headers().contains_key(SET_COOKIE));
+        assert_eq!(replay.headers()[CONTENT_TYPE], "text/plain");
+        assert_eq!(replay.headers()[&REPLAYED], "true");
+        assert_eq!(replay.headers()[&EXPIRES], "Thu, 01 Jan 1970 00:00:00 GMT");
+    }
+}

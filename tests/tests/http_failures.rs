@@ -1,0 +1,243 @@
+//! Concurrency, expiry, store failures, handler failures and rejected requests.
+
+mod http_support;
+
+use http_support::*;
+use idem_runtime::metrics::Outcome;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_concurrent_identical_requests_run_the_handler_once() {
+    let h = Harness::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let router = h.router.clone();
+        tasks.spawn(
+            async move { send(router, json_post("/gated", "alice", &["k1"], PAY_1000)).await },
+        );
+    }
+    // One request holds the key at the gate; hold it there until the 15 others have found it in
+    // flight and subscribed to its completion, so that every duplicate really overlaps it.
+    h.probe.wait_started(1).await;
+    let mut subscriptions = h.store.subscriptions.subscribe();
+    subscriptions.wait_for(|n| *n >= 15).await.unwrap();
+    h.probe.open_gate();
+
+    let mut replies = Vec::new();
+    while let Some(reply) = tasks.join_next().await {
+        replies.push(reply.unwrap());
+    }
+    assert_eq!(h.probe.calls(), 1, "the handler ran once");
+    assert!(replies.iter().all(|r| r.status == 201));
+    assert!(replies.iter().all(|r| r.body == replies[0].body));
+    assert!(replies
+        .iter()
+        .all(|r| r.header("location") == Some("/payments/pay_1")));
+    assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 15);
+    assert_eq!(h.count(Outcome::Waited), 15);
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_running_request_gets_409_without_waiting() {
+    let h = Harness::new();
+    let router = h.router.clone();
+    let original = tokio::spawn(async move {
+        send(
+            router,
+            json_post("/gated-no-wait", "alice", &["k1"], PAY_1000),
+        )
+        .await
+    });
+    h.probe.wait_started(1).await;
+
+    let duplicate = h
+        .send(json_post("/gated-no-wait", "alice", &["k1"], PAY_1000))
+        .await;
+    duplicate.assert_problem(409, "urn:idem:problem:in-flight");
+    // The lease (30 s) has not moved on the manual clock: retry when it could have run out.
+    assert_eq!(duplicate.header("retry-after"), Some("30"));
+
+    h.probe.open_gate();
+    assert_eq!(original.await.unwrap().status, 201);
+    let retry = h
+        .send(json_post("/gated-no-wait", "alice", &["k1"], PAY_1000))
+        .await;
+    assert!(retry.replayed());
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn an_expired_key_answers_410() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/short-ttl", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(
+        fresh.header("idempotency-expires"),
+        Some("Mon, 30 Nov 2026 00:01:00 GMT")
+    );
+    h.clock.advance(Duration::from_secs(59));
+    assert!(h
+        .send(json_post("/short-ttl", "alice", &["k1"], PAY_1000))
+        .await
+        .replayed());
+
+    h.clock.advance(Duration::from_secs(1));
+    let expired = h
+        .send(json_post("/short-ttl", "alice", &["k1"], PAY_1000))
+        .await;
+    expired.assert_problem(410, "urn:idem:problem:key-expired");
+    assert_eq!(
+        h.probe.calls(),
+        1,
+        "an expired key never runs the handler again"
+    );
+    assert_eq!(h.count(Outcome::Expired), 1);
+}
+
+#[tokio::test]
+async fn an_unavailable_store_answers_503_and_nothing_runs() {
+    let h = Harness::new();
+    h.store.fail.store(true, Ordering::SeqCst);
+    let reply = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    reply.assert_problem(503, "urn:idem:problem:store-unavailable");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(h.probe.calls(), 0);
+    assert_eq!(h.count(Outcome::Unavailable), 1);
+
+    h.store.fail.store(false, Ordering::SeqCst);
+    let retry = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_server_error_releases_the_key_and_a_retry_runs_again() {
+    let h = Harness::new();
+    let failed = h
+        .send(json_post("/flaky", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(failed.status, 502);
+    assert!(!failed.headers.contains_key("idempotency-expires"));
+    assert!(h.record("alice", "k1").await.is_none(), "nothing is stored");
+
+    let retry = h
+        .send(json_post("/flaky", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(h.probe.calls(), 2);
+    assert_eq!(h.count(Outcome::Released), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_releases_the_key() {
+    let h = Harness::new();
+    let router = h.router.clone();
+    let crashed = tokio::spawn(async move {
+        send(router, json_post("/panicking", "alice", &["k1"], PAY_1000)).await
+    })
+    .await;
+    assert!(crashed.unwrap_err().is_panic());
+    assert_eq!(h.count(Outcome::Released), 1);
+
+    // The guard releases in the background; the retry waits for that release, then runs.
+    let retry = h
+        .send(json_post("/panicking", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(h.probe.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_cancelled_request_releases_the_key() {
+    let h = Harness::new();
+    let router = h.router.clone();
+    let original =
+        tokio::spawn(
+            async move { send(router, json_post("/gated", "alice", &["k1"], PAY_1000)).await },
+        );
+    h.probe.wait_started(1).await;
+    original.abort();
+    assert!(original.await.unwrap_err().is_cancelled());
+    assert_eq!(h.count(Outcome::Released), 1);
+
+    h.probe.open_gate();
+    let retry = h
+        .send(json_post("/gated", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(h.probe.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_and_claims_nothing() {
+    let h = Harness::new();
+    let big = r#"{"amount":1000,"currency":"KRW","memo":"far too long for this endpoint"}"#;
+    let reply = h.send(json_post("/small", "alice", &["k1"], big)).await;
+    reply.assert_problem(413, "urn:idem:problem:body-too-large");
+    assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+    assert_eq!(h.probe.calls(), 0);
+
+    let good = h
+        .send(json_post("/small", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(good.status, 201);
+}
+
+#[tokio::test]
+async fn extractor_rejections_keep_axums_response_and_do_not_burn_the_key() {
+    let h = Harness::new();
+    let syntax = h
+        .send(json_post("/payments", "alice", &["k1"], r#"{"amount": 10"#))
+        .await;
+    assert_eq!(syntax.status, 400);
+    assert_ne!(
+        syntax.header("content-type"),
+        Some("application/problem+json")
+    );
+    let missing_field = h
+        .send(json_post(
+            "/payments",
+            "alice",
+            &["k1"],
+            r#"{"amount": 10}"#,
+        ))
+        .await;
+    assert_eq!(missing_field.status, 422);
+    let mut anonymous = json_post("/payments", "alice", &["k1"], PAY_1000);
+    anonymous.headers_mut().remove("x-user");
+    assert_eq!(h.send(anonymous).await.status, 401);
+    assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+
+    let good = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(good.status, 201);
+    assert!(!good.replayed());
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_response_that_cannot_be_stored_still_reaches_the_client() {
+    let h = Harness::new();
+    h.store.fail_complete.store(true, Ordering::SeqCst);
+    let fresh = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(fresh.json()["id"], "pay_1");
+    assert!(
+        !fresh.headers.contains_key("idempotency-expires"),
+        "no promise that the key is remembered"
+    );
+    assert_eq!(h.count(Outcome::CompletionFailed), 1);
+}

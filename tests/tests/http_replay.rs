@@ -1,0 +1,252 @@
+//! Fresh responses, replays, and what a replay contains.
+
+mod http_support;
+
+use http_support::*;
+use idem_runtime::metrics::Outcome;
+
+#[tokio::test]
+async fn a_fresh_response_is_stored_and_a_retry_replays_it() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 201);
+    assert!(!fresh.headers.contains_key("idempotency-replayed"));
+    assert_eq!(fresh.header("idempotency-expires"), Some(START_PLUS_DAY));
+    assert_eq!(fresh.header("location"), Some("/payments/pay_1"));
+    assert_eq!(fresh.json()["id"], "pay_1");
+
+    let retry = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("idempotency-expires"), Some(START_PLUS_DAY));
+    assert_eq!(retry.header("location"), Some("/payments/pay_1"));
+    assert_eq!(retry.header("content-type"), Some("application/json"));
+    assert_eq!(retry.body, fresh.body);
+    assert_eq!(h.probe.calls(), 1, "the handler ran once");
+    assert_eq!(h.count(Outcome::Executed), 1);
+    assert_eq!(h.count(Outcome::Replayed), 1);
+}
+
+#[tokio::test]
+async fn the_same_json_in_another_key_order_replays() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    let retry = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000_REORDERED))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, fresh.body);
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_different_body_under_the_same_key_is_a_mismatch() {
+    let h = Harness::new();
+    h.send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    let other = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_2000))
+        .await;
+    other.assert_problem(422, "urn:idem:problem:key-mismatch");
+    assert_eq!(other.header("idempotency-expires"), Some(START_PLUS_DAY));
+    assert_eq!(h.probe.calls(), 1);
+    assert_eq!(h.count(Outcome::Mismatch), 1);
+}
+
+#[tokio::test]
+async fn the_same_key_on_another_endpoint_is_a_mismatch() {
+    let h = Harness::new();
+    h.send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    let refund = h
+        .send(json_post("/refunds", "alice", &["k1"], PAY_1000))
+        .await;
+    refund.assert_problem(422, "urn:idem:problem:key-mismatch");
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_quoted_key_is_the_bare_key() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/payments", "alice", &["\"order-42\""], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 201);
+    let retry = h
+        .send(json_post("/payments", "alice", &["order-42"], PAY_1000))
+        .await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, fresh.body);
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_4xx_from_the_handler_is_stored_and_replayed() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/declined", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 402);
+    assert!(fresh.headers.contains_key("idempotency-expires"));
+    let retry = h
+        .send(json_post("/declined", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 402);
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["attempt"], 1);
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn set_cookie_and_unlisted_headers_are_not_replayed() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert!(fresh.headers.contains_key("set-cookie"));
+    assert_eq!(fresh.header("x-not-replayed"), Some("yes"));
+
+    let retry = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert!(retry.replayed());
+    assert!(!retry.headers.contains_key("set-cookie"));
+    assert!(!retry.headers.contains_key("x-not-replayed"));
+    // Listed in the policy's replay_headers.
+    assert_eq!(retry.header("x-request-ref"), Some("ref-1"));
+}
+
+#[tokio::test]
+async fn minimal_mode_replays_only_status_location_and_id() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/minimal", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(
+        fresh.json()["status"],
+        "captured",
+        "the fresh response is whole"
+    );
+
+    let retry = h
+        .send(json_post("/minimal", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("location"), Some("/payments/pay_1"));
+    assert_eq!(retry.json(), serde_json::json!({ "id": "pay_1" }));
+    assert!(!retry.headers.contains_key("x-request-ref"));
+    assert!(!retry.headers.contains_key("set-cookie"));
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_body_over_the_stored_cap_is_sent_whole_and_replayed_minimally() {
+    let h = Harness::new();
+    let fresh = h.send(json_post("/big", "alice", &["k1"], PAY_1000)).await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(fresh.json()["amount"], 1000, "the first client gets it all");
+    assert!(fresh.headers.contains_key("idempotency-expires"));
+
+    let retry = h.send(json_post("/big", "alice", &["k1"], PAY_1000)).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("location"), Some("/payments/pay_1"));
+    assert!(retry.body.is_empty());
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_response_stream_error_does_not_run_the_handler_again() {
+    let h = Harness::new();
+    let response = {
+        use tower::ServiceExt;
+        h.router
+            .clone()
+            .oneshot(json_post("/broken-stream", "alice", &["k1"], PAY_1000))
+            .await
+            .unwrap()
+    };
+    assert_eq!(response.status(), 201);
+    let read = http_body_util::BodyExt::collect(response.into_body()).await;
+    assert!(read.is_err(), "the first client sees the stream fail");
+
+    let retry = h
+        .send(json_post("/broken-stream", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("location"), Some("/payments/pay_stream"));
+    assert_eq!(h.probe.calls(), 1, "the effects happened once");
+}
+
+#[tokio::test]
+async fn two_callers_with_the_same_key_get_their_own_responses() {
+    let h = Harness::new();
+    let alice = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    let bob = h
+        .send(json_post("/payments", "bob", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(bob.status, 201);
+    assert!(!bob.replayed());
+    assert_eq!(alice.json()["owner"], "alice");
+    assert_eq!(bob.json()["owner"], "bob");
+
+    let alice_again = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    let bob_again = h
+        .send(json_post("/payments", "bob", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(alice_again.body, alice.body);
+    assert_eq!(bob_again.body, bob.body);
+    assert_eq!(h.probe.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_global_handler_with_a_head_only_extractor_replays() {
+    let h = Harness::new();
+    let fresh = h.send(json_post("/ping", "alice", &["k1"], "")).await;
+    assert_eq!(fresh.status, 200);
+    assert_eq!(&fresh.body[..], b"pong 1 for alice");
+    // Global scope: another caller's identical request with the same key gets the stored answer.
+    let other = h.send(json_post("/ping", "bob", &["k1"], "")).await;
+    assert!(other.replayed());
+    assert_eq!(&other.body[..], b"pong 1 for alice");
+    assert!(h.record("global", "k1").await.is_some());
+}
+
+#[tokio::test]
+async fn nested_routers_do_not_share_fingerprints() {
+    let h = Harness::new();
+    let app = App {
+        engine: h.engine.clone(),
+        probe: h.probe.clone(),
+    };
+    let nested = axum::Router::new()
+        .nest("/v1", router(app.clone()))
+        .nest("/v2", router(app));
+    let v1 = send(
+        nested.clone(),
+        json_post("/v1/payments", "alice", &["k1"], PAY_1000),
+    )
+    .await;
+    assert_eq!(v1.status, 201);
+    // The same inner path under another prefix is another endpoint.
+    let v2 = send(
+        nested,
+        json_post("/v2/payments", "alice", &["k1"], PAY_1000),
+    )
+    .await;
+    v2.assert_problem(422, "urn:idem:problem:key-mismatch");
+}

@@ -1,0 +1,734 @@
+//! A test service for the HTTP behaviour of idem on axum, driven in process with `oneshot`.
+//!
+//! The handlers are written in the form the `#[idempotent]` attribute expands to (see
+//! `idem_runtime::__private`), so these tests also pin that expansion contract.
+
+#![allow(dead_code)]
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRef, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use http_body_util::BodyExt;
+use idem_runtime::__private::{
+    run, scope_id, EngineState, MissingKey, Policy, ReplayMode, WithBody, GLOBAL_SCOPE,
+};
+use idem_runtime::axum::Scope;
+use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
+use idem_runtime::{Engine, FencingToken, Record, RecordKey, StoredResponse};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+/// 2026-11-30T00:00:00Z, where every test clock starts.
+pub const START_MS: i64 = 1_795_996_800_000;
+/// `START_MS` + 24 h as an IMF-fixdate: the default policy's expiry of a key claimed at the start.
+pub const START_PLUS_DAY: &str = "Tue, 01 Dec 2026 00:00:00 GMT";
+
+/// A memory store that counts subscriptions (each duplicate that waits for an in-flight original
+/// subscribes once) and can be switched to fail every claim.
+#[derive(Default)]
+pub struct TestStore {
+    pub inner: MemoryStore,
+    pub fail: AtomicBool,
+    /// Fail every completion (the response cannot be stored).
+    pub fail_complete: AtomicBool,
+    pub subscriptions: watch::Sender<usize>,
+    pub claims: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Store for TestStore {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("connection refused (test)"));
+        }
+        self.inner.claim(claim).await
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        if self.fail_complete.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("connection reset (test)"));
+        }
+        self.inner.complete(key, token, response).await
+    }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key, now).await
+    }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.subscriptions.send_modify(|n| *n += 1);
+        self.inner.subscribe(key)
+    }
+}
+
+/// The router state: the engine (through `FromRef`) and what the tests observe.
+#[derive(Clone, FromRef)]
+pub struct App {
+    pub engine: Engine,
+    pub probe: Probe,
+}
+
+/// Counters and gates shared by the handlers and the test.
+#[derive(Clone)]
+pub struct Probe {
+    /// Handler executions.
+    pub calls: Arc<AtomicUsize>,
+    /// How many gated handlers have started.
+    pub started: watch::Sender<usize>,
+    /// Gated handlers wait until this is true.
+    pub open: watch::Sender<bool>,
+}
+
+impl Probe {
+    fn new() -> Self {
+        Self {
+            calls: Arc::new(AtomicUsize::new(0)),
+            started: watch::Sender::new(0),
+            open: watch::Sender::new(false),
+        }
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Counts a call and returns its number (1-based).
+    fn call(&self) -> usize {
+        self.calls.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Waits (as a handler) until the test opens the gate.
+    async fn gate(&self) {
+        self.started.send_modify(|n| *n += 1);
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|open| *open).await;
+    }
+
+    /// Waits (as the test) until `n` gated handlers have started.
+    pub async fn wait_started(&self, n: usize) {
+        let mut started = self.started.subscribe();
+        let _ = started.wait_for(|s| *s >= n).await;
+    }
+
+    pub fn open_gate(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+pub struct Harness {
+    pub router: Router,
+    pub store: Arc<TestStore>,
+    pub clock: ManualClock,
+    pub engine: Engine,
+    pub probe: Probe,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        let store = Arc::new(TestStore::default());
+        let clock = ManualClock::new(Timestamp::from_millis(START_MS));
+        let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
+        let probe = Probe::new();
+        let router = router(App {
+            engine: engine.clone(),
+            probe: probe.clone(),
+        });
+        Self {
+            router,
+            store,
+            clock,
+            engine,
+            probe,
+        }
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Reply {
+        send(self.router.clone(), request).await
+    }
+
+    pub fn count(&self, outcome: idem_runtime::metrics::Outcome) -> u64 {
+        self.engine.metrics().get(outcome)
+    }
+
+    /// The record stored for `key` in `scope`, if any.
+    pub async fn record(&self, scope: &str, key: &str) -> Option<Record> {
+        self.store
+            .get(&RecordKey::new(scope, key), self.clock.now())
+            .await
+            .unwrap()
+    }
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotency-replayed") == Some("true")
+    }
+
+    /// Asserts an RFC 9457 problem of `type_uri` with `status`.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16, type_uri: &str) {
+        assert_eq!(self.status.as_u16(), status, "body: {:?}", self.body);
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        let problem = self.json();
+        assert_eq!(problem["type"], type_uri, "{problem}");
+        assert_eq!(problem["status"], status);
+        assert!(!problem["title"].as_str().unwrap().is_empty());
+        assert!(!problem["detail"].as_str().unwrap().is_empty());
+        assert!(!self.replayed());
+    }
+}
+
+pub async fn send(router: Router, request: Request<Body>) -> Reply {
+    let response = router.oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// A JSON POST as `user` with the given `Idempotency-Key` values.
+pub fn json_post(path: &str, user: &str, keys: &[&str], body: &str) -> Request<Body> {
+    let mut builder = Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-user", user);
+    for key in keys {
+        builder = builder.header("idempotency-key", *key);
+    }
+    builder.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// A JSON POST whose key header carries raw bytes (for non-ASCII keys).
+pub fn post_raw_key(path: &str, user: &str, key: &[u8], body: &str) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-user", user)
+        .header("idempotency-key", HeaderValue::from_bytes(key).unwrap())
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+pub const PAY_1000: &str = r#"{"amount":1000,"currency":"KRW"}"#;
+pub const PAY_1000_REORDERED: &str = "{ \"currency\": \"KRW\",\n  \"amount\": 1000 }";
+pub const PAY_2000: &str = r#"{"amount":2000,"currency":"KRW"}"#;
+
+/// The caller, from `x-user` (demo auth); 401 without it.
+pub struct User(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for User {
+    type Rejection = StatusCode;
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+        parts
+            .headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(|u| User(u.to_owned()))
+            .ok_or(StatusCode::UNAUTHORIZED)
+    }
+}
+
+impl Scope for User {
+    fn scope_id(&self) -> Cow<'_, str> {
+        Cow::Borrowed(&self.0)
+    }
+}
+
+#[derive(Deserialize)]
+pub struct NewPayment {
+    pub amount: i64,
+    pub currency: String,
+}
+
+fn created(n: usize, user: &User, req: &NewPayment) -> Response {
+    (
+        StatusCode::CREATED,
+        [
+            (header::LOCATION, format!("/payments/pay_{n}")),
+            (header::SET_COOKIE, format!("session=s{n}; HttpOnly")),
+            (
+                header::HeaderName::from_static("x-request-ref"),
+                format!("ref-{n}"),
+            ),
+            (
+                header::HeaderName::from_static("x-not-replayed"),
+                "yes".to_owned(),
+            ),
+        ],
+        Json(serde_json::json!({
+            "id": format!("pay_{n}"),
+            "owner": user.0,
+            "amount": req.amount,
+            "currency": req.currency,
+            "status": "captured",
+        })),
+    )
+        .into_response()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers in expanded form. `create_payment` is what
+//
+//     #[idempotent(scope = "user", replay_headers = ["x-request-ref"])]
+//     async fn create_payment(State(probe): State<Probe>, user: User, Json(req): Json<NewPayment>)
+//         -> impl IntoResponse { BODY }
+//
+// expands to.
+
+async fn create_payment(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .replay_headers(&["x-request-ref"])
+        .handler("create_payment")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// Another endpoint with the same body shape.
+async fn create_refund(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("create_refund").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+async fn minimal_payment(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .replay(ReplayMode::Minimal)
+        .handler("minimal_payment")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// Full mode, but the stored-body cap (8 bytes) is smaller than the response.
+async fn big_response(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .max_stored_body(8)
+        .handler("big_response")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// A body that fails after its first chunk.
+async fn broken_stream(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(_req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("broken_stream").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            probe.call();
+            let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+                Ok(Bytes::from_static(b"{\"id\":")),
+                Err(std::io::Error::other("connection to the card network lost")),
+            ];
+            (
+                StatusCode::CREATED,
+                [(header::LOCATION, "/payments/pay_stream")],
+                Body::from_stream(futures_util::stream::iter(chunks)),
+            )
+        },
+    )
+    .await
+}
+
+/// 500 on the first call, 201 after.
+async fn flaky(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("flaky").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            if n == 1 {
+                return (StatusCode::BAD_GATEWAY, "card network down").into_response();
+            }
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// A 4xx decided by the handler itself: stored like any other result.
+async fn declined(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(_req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("declined").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            (
+                StatusCode::PAYMENT_REQUIRED,
+                Json(serde_json::json!({ "error": "card declined", "attempt": n })),
+            )
+        },
+    )
+    .await
+}
+
+/// Panics on the first call.
+async fn panicking(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("panicking").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            if n == 1 {
+                panic!("handler bug (test)");
+            }
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// Waits at the gate; duplicates wait for it (default `wait`).
+async fn gated(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("gated").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            probe.gate().await;
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// Waits at the gate; duplicates do not wait (`wait = 0`): 409 at once.
+async fn gated_no_wait(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .wait(Duration::ZERO)
+        .lease(Duration::from_secs(30))
+        .handler("gated_no_wait")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            probe.gate().await;
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// ttl 60 s, so that moving the clock makes the key expire.
+async fn short_ttl(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .ttl(Duration::from_secs(60))
+        .handler("short_ttl")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// Bodies over 40 bytes are refused.
+async fn small_body(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 40>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("small_body").checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+async fn pass_missing(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .missing_key(MissingKey::Pass)
+        .handler("pass_missing")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// `reject_after` one hour after the test clock's start.
+pub const DEADLINE_MS: i64 = START_MS + 3_600_000;
+
+async fn pass_until_deadline(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .missing_key(MissingKey::Pass)
+        .reject_after_ms(DEADLINE_MS)
+        .handler("pass_until_deadline")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+async fn derive_missing(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    user: User,
+    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new()
+        .missing_key(MissingKey::Derive)
+        .derive_window(Duration::from_secs(10))
+        .handler("derive_missing")
+        .checked();
+    let __idem_scope = scope_id(&user);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            created(n, &user, &req)
+        },
+    )
+    .await
+}
+
+/// `scope = "global"`, with a head-only last extractor (the `ViaPartsExtractor` impl).
+async fn global_ping(
+    __idem_engine: EngineState,
+    State(probe): State<Probe>,
+    WithBody(user, __idem_request): WithBody<User, 1048576>,
+) -> Response {
+    const __IDEM_POLICY: Policy = Policy::new().handler("global_ping").checked();
+    let __idem_scope = Cow::Borrowed(GLOBAL_SCOPE);
+    run(
+        __idem_engine,
+        &__IDEM_POLICY,
+        __idem_scope,
+        __idem_request,
+        async move {
+            let n = probe.call();
+            (StatusCode::OK, format!("pong {n} for {}", user.0))
+        },
+    )
+    .await
+}
+
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/payments", post(create_payment))
+        .route("/refunds", post(create_refund))
+        .route("/minimal", post(minimal_payment))
+        .route("/big", post(big_response))
+        .route("/broken-stream", post(broken_stream))
+        .route("/flaky", post(flaky))
+        .route("/declined", post(declined))
+        .route("/panicking", post(panicking))
+        .route("/gated", post(gated))
+        .route("/gated-no-wait", post(gated_no_wait))
+        .route("/short-ttl", post(short_ttl))
+        .route("/small", post(small_body))
+        .route("/pass", post(pass_missing))
+        .route("/deadline", post(pass_until_deadline))
+        .route("/derive", post(derive_missing))
+        .route("/ping", post(global_ping))
+        .with_state(app)
+}

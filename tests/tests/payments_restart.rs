@@ -1,0 +1,30 @@
+//! A restart on the same SQLite file: the retry replays.
+
+mod payments_support;
+
+use payments_support::*;
+
+#[tokio::test]
+#[ignore = "needs the SQLite idempotency store wired into payments::store::store_from_url (TODO integrator)"]
+async fn a_retry_after_a_restart_on_the_same_file_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start(dir.path()).await;
+    let created = send(
+        &first,
+        post("/payments", Some("alice"), Some("k1"), KRW_1000),
+    )
+    .await;
+    assert_eq!(created.status, 201);
+    drop(first);
+
+    let restarted = start(dir.path()).await;
+    let retry = send(
+        &restarted,
+        post("/payments", Some("alice"), Some("k1"), KRW_1000),
+    )
+    .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, created.body);
+    assert_eq!(list(&restarted, "alice").await.len(), 1);
+}
