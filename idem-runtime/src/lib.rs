@@ -32,6 +32,11 @@ pub use policy::Policy;
 pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 pub use store::{Store, StoreError, StoreErrorKind};
 
+/// The `redis` crate this version of idem uses, so that applications name the same version.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis;
+
 #[cfg(feature = "axum")]
 #[doc(hidden)]
 pub use crate::axum::private as __private;
