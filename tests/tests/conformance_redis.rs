@@ -446,10 +446,7 @@ mod redis_only {
         }
         let mut names = Vec::new();
         let mut consumed = 0;
-        'commands: loop {
-            let Some((header, mut at)) = line(buf, consumed) else {
-                break;
-            };
+        'commands: while let Some((header, mut at)) = line(buf, consumed) {
             assert_eq!(header.first(), Some(&b'*'), "clients send arrays");
             let mut name = None;
             for _ in 0..number(&header[1..]) {

@@ -773,7 +773,7 @@ mod tests {
                 }
             }
         );
-        assert_eq!(decode_record(&[None; 10]).expect("decodes"), None);
+        assert_eq!(decode_record(&vec![None; 10]).expect("decodes"), None);
         fields[0] = f("inflight");
         let err = decode_record(&fields).expect_err("no lease");
         assert_eq!(err.kind(), crate::store::StoreErrorKind::Corrupt);
