@@ -44,7 +44,7 @@
 //!
 //! # Outages
 //! Commands go through a [`ConnectionManager`] with connection and response timeouts (1 s and 2 s by
-//! default) and one reconnection retry, so while Redis is down every operation fails promptly with
+//! default) and no retry inside a call, so while Redis is down every operation fails promptly with
 //! [`StoreErrorKind::Unavailable`](super::StoreErrorKind::Unavailable) (HTTP 503), and the manager
 //! reconnects by itself when Redis returns.
 //!
@@ -180,9 +180,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many times a lost connection is retried, with backoff, before the commands waiting on it
-    /// fail (default 1). The next command tries again, so the store always recovers by itself; more
-    /// retries ride out longer blips at the cost of slower failures during an outage.
+    /// How many times a connection attempt is retried, with backoff, before the commands waiting on
+    /// it fail (default 0). Whatever the number, the next command tries again, so the store recovers by
+    /// itself; retries ride out short blips at the cost of slower failures during an outage (with
+    /// redis 0.32 the first retry waits 1 to 2 s), and the engine answers 503 + Retry-After anyway.
     pub fn reconnect_retries(mut self, retries: usize) -> Self {
         self.reconnect_retries = retries;
         self
@@ -247,8 +248,10 @@ impl RedisStoreBuilder {
             .set_connection_timeout(self.connection_timeout)
             .set_response_timeout(self.response_timeout)
             .set_number_of_retries(self.reconnect_retries)
-            .set_factor(100)
-            .set_max_delay(1_000);
+            // redis 0.32 hands these to backon: the first retry waits 1 s (plus jitter) and each next
+            // one `factor` times longer, capped at `max_delay` ms.
+            .set_factor(2)
+            .set_max_delay(4_000);
         Ok((client, config))
     }
 
@@ -306,7 +309,7 @@ impl RedisStore {
             prefix: "idem".to_owned(),
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(2),
-            reconnect_retries: 1,
+            reconnect_retries: 0,
         }
     }
 
