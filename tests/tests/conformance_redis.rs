@@ -36,11 +36,11 @@ impl Drop for Redis {
         let cleanup = || -> redis::RedisResult<()> {
             let client = redis::Client::open(self.url.as_str())?;
             let mut conn = client.get_connection()?;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{}:*", self.prefix))
-                .query(&mut conn)?;
-            if !keys.is_empty() {
-                redis::cmd("DEL").arg(&keys).query::<()>(&mut conn)?;
+            let keys: Vec<String> =
+                redis::Commands::scan_match::<_, String>(&mut conn, format!("{}:*", self.prefix))?
+                    .collect();
+            for chunk in keys.chunks(500) {
+                redis::cmd("DEL").arg(chunk).query::<()>(&mut conn)?;
             }
             Ok(())
         };
@@ -299,6 +299,45 @@ mod redis_only {
             .expect("answers instead of hanging")
             .expect("connected once redis returned");
         assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        tokio::time::timeout(GENEROUS, store.subscription_is(true))
+            .await
+            .expect("the lazy store subscribes to completions once redis is back");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_completions_subscription_comes_back_after_an_outage() {
+        let Some(backend) = redis().await else { return };
+        let proxy = Proxy::start(&backend.url).await;
+        let a = backend.store().await;
+        let b = RedisStore::builder(proxy.url())
+            .prefix(&backend.prefix)
+            .connect()
+            .await
+            .expect("connect through the proxy");
+        assert!(b.is_subscribed(), "connect returns once subscribed");
+
+        proxy.cut();
+        tokio::time::timeout(GENEROUS, b.subscription_is(false))
+            .await
+            .expect("B notices the lost subscription");
+        proxy.restore();
+        tokio::time::timeout(GENEROUS, b.subscription_is(true))
+            .await
+            .expect("B subscribes again by itself");
+
+        let key = fresh_key();
+        let claim = fresh_claim(&key, T0);
+        assert_eq!(
+            a.claim(&claim).await.expect("claim"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        let mut woken = b.subscribe(&key);
+        a.complete(&key, claim.token, &response("a"))
+            .await
+            .expect("complete");
+        tokio::time::timeout(GENEROUS, woken.changed())
+            .await
+            .expect("B is woken by A's completion again");
     }
 
     fn fresh_claim(

@@ -65,7 +65,7 @@ use futures_util::StreamExt;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::sync::OnceCell;
+use tokio::sync::{watch, OnceCell};
 use tokio::task::AbortHandle;
 
 /// The hash fields, in the order `claim.lua` returns them and `get` reads them.
@@ -113,6 +113,8 @@ pub struct RedisStore {
     /// Where the current purge pass over the keyspace stands (0: start a new pass).
     scan_cursor: Mutex<u64>,
     listener: AbortHandle,
+    /// Whether the listener is subscribed right now.
+    subscribed: watch::Receiver<bool>,
 }
 
 struct Scripts {
@@ -139,6 +141,7 @@ impl fmt::Debug for RedisStore {
             .field("server", &self.client.get_connection_info().addr)
             .field("prefix", &self.prefix)
             .field("connected", &self.conn.initialized())
+            .field("subscribed", &self.is_subscribed())
             .finish_non_exhaustive()
     }
 }
@@ -264,12 +267,17 @@ impl RedisStoreBuilder {
     ) -> RedisStore {
         let channel = channel_name(&self.prefix);
         let waiters = Arc::new(Waiters::new());
+        let (state, subscribed) = watch::channel(pubsub.is_some());
         let listener = tokio::spawn(listen(
-            client.clone(),
-            channel.clone(),
-            waiters.clone(),
+            Listener {
+                client: client.clone(),
+                channel: channel.clone(),
+                waiters: waiters.clone(),
+                state,
+                connection_timeout: self.connection_timeout,
+                response_timeout: self.response_timeout,
+            },
             pubsub,
-            self.connection_timeout,
         ))
         .abort_handle();
         RedisStore {
@@ -282,6 +290,7 @@ impl RedisStoreBuilder {
             waiters,
             scan_cursor: Mutex::new(0),
             listener,
+            subscribed,
         }
     }
 }
@@ -316,6 +325,33 @@ impl RedisStore {
     /// The prefix of this store's keys and channel.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// Whether this store is subscribed, right now, to the completions other instances publish. While
+    /// it is not (Redis unreachable, or the subscription reconnecting), this instance's waiters are
+    /// woken only by its own completions, and otherwise at the lease end or their wait bound. For
+    /// health checks and tests.
+    pub fn is_subscribed(&self) -> bool {
+        *self.subscribed.borrow()
+    }
+
+    /// Resolves once [`is_subscribed`](Self::is_subscribed) equals `subscribed`: `true` waits for the
+    /// subscription to be live (say, after [`connect_lazy`](RedisStoreBuilder::connect_lazy)),
+    /// `false` for it to be lost.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idem_runtime::redis::RedisError> {
+    /// use idem_runtime::store::redis::RedisStore;
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379").connect_lazy()?;
+    /// store.subscription_is(true).await;
+    /// assert!(store.is_subscribed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn subscription_is(&self, subscribed: bool) {
+        let mut state = self.subscribed.clone();
+        // The listener lives as long as the store, so the sender is never dropped while we wait.
+        let _ = state.wait_for(|now| *now == subscribed).await;
     }
 
     /// The Redis key of `key`'s record: `<prefix>:{<tag>}`.
@@ -655,20 +691,25 @@ async fn subscribe(client: &Client, channel: &str, timeout: Duration) -> RedisRe
     }
 }
 
-/// The store's pub/sub task: wakes local waiters for every tag published on `channel`, and
-/// reconnects with backoff whenever the connection fails. Runs until the store aborts it.
-async fn listen(
+/// What the store's pub/sub task needs.
+struct Listener {
     client: Client,
     channel: String,
     waiters: Arc<Waiters>,
-    mut initial: Option<PubSub>,
-    timeout: Duration,
-) {
+    state: watch::Sender<bool>,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+/// The store's pub/sub task: wakes local waiters for every tag published on the channel, and
+/// reconnects with backoff whenever the connection fails. Runs until the store aborts it.
+async fn listen(l: Listener, mut initial: Option<PubSub>) {
+    let channel = &l.channel;
     let mut backoff = MIN_BACKOFF;
     loop {
         let pubsub = match initial.take() {
             Some(pubsub) => pubsub,
-            None => match subscribe(&client, &channel, timeout).await {
+            None => match subscribe(&l.client, channel, l.connection_timeout).await {
                 Ok(pubsub) => {
                     tracing::debug!(target: "idem", %channel, "subscribed to completions");
                     pubsub
@@ -685,6 +726,7 @@ async fn listen(
             },
         };
         backoff = MIN_BACKOFF;
+        l.state.send_replace(true);
         let (mut sink, mut stream) = pubsub.split();
         let mut ping =
             tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
@@ -693,19 +735,26 @@ async fn listen(
             tokio::select! {
                 message = stream.next() => match message {
                     Some(message) => match decode_tag(message.get_payload_bytes()) {
-                        Some(key) => waiters.notify(&key),
-                        None => tracing::debug!(target: "idem", %channel, "ignored a malformed completion message"),
+                        Some(key) => l.waiters.notify(&key),
+                        None => tracing::debug!(
+                            target: "idem", %channel, "ignored a malformed completion message"
+                        ),
                     },
                     None => break,
                 },
                 _ = ping.tick() => {
-                    let pong = tokio::time::timeout(timeout, sink.ping::<::redis::Value>()).await;
+                    let pong = tokio::time::timeout(
+                        l.response_timeout,
+                        sink.ping::<::redis::Value>(),
+                    )
+                    .await;
                     if !matches!(pong, Ok(Ok(_))) {
                         break;
                     }
                 }
             }
         }
+        l.state.send_replace(false);
         tracing::warn!(target: "idem", %channel, "lost the completions subscription; reconnecting");
     }
 }
