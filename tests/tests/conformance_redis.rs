@@ -340,6 +340,61 @@ mod redis_only {
             .expect("B is woken by A's completion again");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unreadable_records_are_corrupt_and_left_alone() {
+        let Some(backend) = redis().await else { return };
+        let store = backend.store().await;
+        let client = redis::Client::open(backend.url.as_str()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+
+        // Another type at a record's key.
+        let key = fresh_key();
+        redis::cmd("SET")
+            .arg(store.redis_key(&key))
+            .arg("not a record")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("set");
+        let err = store
+            .claim(&fresh_claim(&key, T0))
+            .await
+            .expect_err("corrupt");
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+
+        // A record with a field that does not parse: reported, never overwritten by a claim.
+        let key = fresh_key();
+        let claim = fresh_claim(&key, T0);
+        store.claim(&claim).await.expect("claim");
+        redis::cmd("HSET")
+            .arg(store.redis_key(&key))
+            .arg("expires")
+            .arg("soon")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("hset");
+        let err = store.get(&key, T0).await.expect_err("corrupt");
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let err = store
+            .claim(&fresh_claim(&key, T0 + Duration::from_secs(60)))
+            .await
+            .expect_err("corrupt");
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let token: String = redis::cmd("HGET")
+            .arg(store.redis_key(&key))
+            .arg("tok")
+            .query_async(&mut conn)
+            .await
+            .expect("hget");
+        assert_eq!(
+            token,
+            claim.token.0.to_string(),
+            "the claim changed nothing"
+        );
+    }
+
     fn fresh_claim(
         key: &idem_runtime::RecordKey,
         now: idem_runtime::clock::Timestamp,

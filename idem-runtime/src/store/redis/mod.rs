@@ -48,6 +48,18 @@
 //! [`StoreErrorKind::Unavailable`](super::StoreErrorKind::Unavailable) (HTTP 503), and the manager
 //! reconnects by itself when Redis returns.
 //!
+//! # What Redis must be configured to keep
+//! An idempotency record that disappears early means a retry runs the handler again, so:
+//! - **No eviction.** Every record carries a TTL, so any `maxmemory-policy` other than `noeviction`
+//!   (`volatile-*` included) may drop records under memory pressure. [`RedisStoreBuilder::connect`]
+//!   logs a warning when it can read another policy.
+//! - **Persistence.** Records survive a Redis restart only as far as its persistence goes (AOF with
+//!   `appendfsync everysec` may lose the last second; RDB snapshots, everything since the last one).
+//! - **Failover.** Writes are acknowledged by the primary alone (no `WAIT`): a claim not yet
+//!   replicated when a replica is promoted is lost, and its retry runs again.
+//!
+//! Within those limits the guarantee is the engine's: at most one execution per lease.
+//!
 //! # Redis Cluster
 //! Keys and scripts are Cluster-ready (one hash-tagged key per script), but this store talks to a
 //! single server through a [`ConnectionManager`]; a Cluster client, sharded pub/sub (`SPUBLISH`) and
@@ -212,6 +224,7 @@ impl RedisStoreBuilder {
         let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         let channel = channel_name(&self.prefix);
         let pubsub = subscribe(&client, &channel, self.connection_timeout).await?;
+        warn_if_evicting(conn.clone()).await;
         Ok(self.assemble(client, config, Some(conn), Some(pubsub)))
     }
 
@@ -539,6 +552,24 @@ impl Purge for RedisStore {
                 return Ok(deleted);
             }
             cursor = resume;
+        }
+    }
+}
+
+/// Warns when the server may evict records. Managed services often refuse `CONFIG`: then say nothing.
+async fn warn_if_evicting(mut conn: ConnectionManager) {
+    let policy: RedisResult<Vec<String>> = ::redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut conn)
+        .await;
+    if let Ok(reply) = policy {
+        if let Some(policy) = reply.get(1).filter(|p| *p != "noeviction") {
+            tracing::warn!(
+                target: "idem", maxmemory_policy = %policy,
+                "Redis may evict idempotency records under memory pressure, and a retry of an \
+                 evicted key runs again; set maxmemory-policy to noeviction"
+            );
         }
     }
 }
