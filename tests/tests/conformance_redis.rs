@@ -84,7 +84,8 @@ mod redis_only {
     use super::redis;
     use idem_runtime::clock::Clock;
     use idem_runtime::store::redis::RedisStore;
-    use idem_runtime::store::{Claim, ClaimOutcome};
+    use idem_runtime::store::{Claim, ClaimOutcome, Purge};
+    use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{Begin, Engine, FencingToken, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
     use std::net::SocketAddr;
@@ -393,6 +394,48 @@ mod redis_only {
             claim.token.0.to_string(),
             "the claim changed nothing"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn purging_continues_one_pass_over_the_keyspace_and_skips_nothing() {
+        let Some(backend) = redis().await else { return };
+        let store = Arc::new(backend.store().await);
+        let scope = format!("sweep-{}", uuid::Uuid::new_v4());
+        let keys: Vec<_> = (0..300)
+            .map(|i| idem_runtime::RecordKey::new(scope.clone(), format!("k{i}")))
+            .collect();
+        for key in &keys {
+            store.claim(&fresh_claim(key, T0)).await.expect("claim");
+        }
+        let live = idem_runtime::RecordKey::new(scope.clone(), "live");
+        let mut claim = fresh_claim(&live, T0);
+        claim.retain_until = T0 + Duration::from_secs(8 * 3600);
+        store.claim(&claim).await.expect("claim");
+
+        let later = T0 + Duration::from_secs(4 * 3600);
+        let batch = store.purge_expired(later, 40).await.expect("purge");
+        assert_eq!(batch, 40, "a call deletes at most a batch");
+        // One call continues the pass the first one started, to its end: a batch larger than what
+        // is left shows that stopping inside a SCAN page skipped nothing.
+        let clock = idem_runtime::clock::ManualClock::new(later);
+        let swept = Sweeper::new(store.clone())
+            .batch_size(1_000)
+            .with_clock(clock)
+            .sweep_once()
+            .await
+            .expect("sweep");
+        assert_eq!(
+            batch + swept,
+            300,
+            "the pass purged every record past retention"
+        );
+        for key in &keys {
+            assert!(
+                store.get(key, T0).await.expect("get").is_none(),
+                "{key} purged"
+            );
+        }
+        assert!(store.get(&live, later).await.expect("get").is_some());
     }
 
     fn fresh_claim(

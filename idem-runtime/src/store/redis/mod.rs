@@ -91,6 +91,10 @@ const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 /// How many keys one `SCAN` step asks for while purging.
 const SCAN_COUNT: usize = 256;
 
+/// How many `SCAN` steps one purge call takes at most, so that every call is short; the next call
+/// continues where it stopped.
+const SCAN_STEPS_PER_CALL: usize = 64;
+
 /// How often the pub/sub connection is pinged to detect a connection that died silently.
 const PING_EVERY: Duration = Duration::from_secs(15);
 
@@ -309,8 +313,9 @@ impl RedisStoreBuilder {
 }
 
 impl RedisStore {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379`, `rediss://…` is not enabled) with the default
-    /// settings and the prefix `"idem"`. Same as `RedisStore::builder(url).connect()`.
+    /// Connects to `url` (`redis://[user:password@]host:port[/db]` or `redis+unix:///path`; TLS needs
+    /// redis features idem does not enable) with the default settings and the prefix `"idem"`. Same
+    /// as `RedisStore::builder(url).connect()`.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), idem_runtime::redis::RedisError> {
@@ -510,8 +515,9 @@ impl Store for RedisStore {
 #[async_trait::async_trait]
 impl Purge for RedisStore {
     /// Deletes at most `batch` records past retention at `now`, continuing one `SCAN` pass over the
-    /// store's keys across calls; a call that finishes the pass may return fewer than `batch`, which
-    /// ends a [`Sweeper`](crate::sweeper::Sweeper) sweep. See the [module documentation](self).
+    /// store's keys across calls. A call stops at the end of the pass or after 64 `SCAN` steps, and
+    /// may then return fewer than `batch`, which ends a [`Sweeper`](crate::sweeper::Sweeper) sweep; the
+    /// next sweep continues the pass. See the [module documentation](self).
     async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
         let mut conn = self.conn().await?;
         let pattern = format!("{}:{{*", glob_escape(&self.prefix));
@@ -521,7 +527,9 @@ impl Purge for RedisStore {
             .scan_cursor
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let mut steps = 0;
         loop {
+            steps += 1;
             let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
@@ -544,7 +552,7 @@ impl Purge for RedisStore {
             // SCAN cursors are stateless on the server: stopping inside a page means scanning that
             // page again next time (its deleted keys are gone), so nothing is skipped.
             let resume = if done < keys.len() { cursor } else { next };
-            if deleted >= budget || resume == 0 {
+            if deleted >= budget || resume == 0 || steps >= SCAN_STEPS_PER_CALL {
                 *self
                     .scan_cursor
                     .lock()
