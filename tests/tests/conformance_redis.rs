@@ -130,8 +130,7 @@ mod redis_only {
         };
         let subscribed = b.store.subscribed.clone();
         let engine = b.engine.clone();
-        let duplicate =
-            tokio::spawn(async move { engine.begin(key, fp("a"), &long.clone()).await });
+        let duplicate = tokio::spawn(async move { engine.begin(key, fp("a"), &long).await });
         subscribed.notified().await;
         guard.complete(&response("b")).await.expect("complete");
         match tokio::time::timeout(GENEROUS, duplicate)
