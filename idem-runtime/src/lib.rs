@@ -43,6 +43,11 @@ pub use store::{Store, StoreError, StoreErrorKind};
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use sqlx;
 
+/// The `redis` crate this version of idem uses, so that applications name the same version.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis;
+
 #[cfg(feature = "axum")]
 #[doc(hidden)]
 pub use crate::axum::private as __private;

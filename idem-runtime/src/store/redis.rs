@@ -1,1 +1,0 @@
-//! The redis store (in progress).
