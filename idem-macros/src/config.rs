@@ -172,12 +172,12 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         (None, None) => Some(MissingKey::Reject),
         (None, Some(_)) => None,
     };
-    let ttl_note = |ms: u64| {
-        if ttl_ms.is_some() {
-            format!("`ttl` ({})", format_ms(ms))
-        } else {
-            format!("`ttl` ({}, the default)", format_ms(ms))
-        }
+    // Messages quote durations as the user wrote them (validated, so canonical).
+    let ttl_text = written(ttl.as_ref()).unwrap_or_else(|| "24h".to_string());
+    let ttl_note = if ttl_ms.is_some() {
+        format!("`ttl` ({ttl_text})")
+    } else {
+        format!("`ttl` ({ttl_text}, the default)")
     };
 
     if let (Some(opt), Some(retain), Some(ttl)) = (&retain, retain_ms, eff_ttl) {
@@ -186,9 +186,9 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
                 &opt.value,
                 format!(
                     "`retain` ({}) must be at least {}: tombstones outlive the keys they remember; use `retain = \"{}\"` or more, or leave `retain` out (it defaults to 7d, or to `ttl` if longer)",
-                    format_ms(retain),
-                    ttl_note(ttl),
-                    format_ms(ttl)
+                    written(Some(opt)).unwrap_or_else(|| format_ms(retain)),
+                    ttl_note,
+                    ttl_text
                 ),
             );
         }
@@ -210,9 +210,9 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
                     &opt.value,
                     format!(
                         "`derive_window` ({}) must not exceed {}: a derived key cannot outlive the record; use `derive_window = \"{}\"` or less (a few seconds is typical: it catches double taps)",
-                        format_ms(window),
-                        ttl_note(ttl),
-                        format_ms(ttl)
+                        written(Some(opt)).unwrap_or_else(|| format_ms(window)),
+                        ttl_note,
+                        ttl_text
                     ),
                 );
             }
@@ -223,8 +223,7 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
                     &opt.value,
                     format!(
                         "`ttl` ({}) is shorter than the default `derive_window` (10s): add `derive_window = \"{}\"` or less",
-                        format_ms(ttl),
-                        format_ms(ttl)
+                        ttl_text, ttl_text
                     ),
                 );
             }
@@ -262,6 +261,16 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         max_body: max_body_value,
     };
     errors.into_result(config)
+}
+
+/// The string an option was given, if it was a string literal.
+fn written<K>(opt: Option<&Opt<K>>) -> Option<String> {
+    match &opt?.value {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Some(s.value()),
+        _ => None,
+    }
 }
 
 fn did_you_mean(hint: Option<&str>) -> String {
@@ -346,7 +355,8 @@ fn resolve_scope(
         return None;
     };
     let lit = string(opt, "scope", "user", errors)?;
-    let wanted = lit.value();
+    let written = lit.value();
+    let wanted = written.strip_prefix("r#").unwrap_or(&written).to_string();
     if wanted == "global" {
         return Some(ScopeSource::Global);
     }

@@ -205,10 +205,13 @@ use proc_macro::TokenStream;
 /// The attribute adds a first parameter that takes the [`Engine`] from the router state (so the
 /// state must provide one: `impl FromRef<AppState> for Engine`, or `#[derive(FromRef)]` on the
 /// state), wraps the last parameter so the body is buffered and fingerprinted, and runs the
-/// original body inside the engine. The response type becomes `axum::response::Response`. A
-/// router whose state has no `Engine` fails to compile at `.route(...)` with axum's "the trait
-/// bound `fn(EngineState, ...) {handler}: Handler<_, _>` is not satisfied": the `EngineState`
-/// parameter there is the missing engine.
+/// original body inside the engine. The response type becomes `axum::response::Response`.
+///
+/// A router whose state has no `Engine` fails to compile, never on the first request. As the only
+/// state type the compiler can see providing an `Engine` is `Engine` itself, the error names it:
+/// "expected `Engine`, found `AppState`" at `.with_state(...)`, or "expected
+/// `MethodRouter<AppState>`, found `MethodRouter<Engine>`" at `.route(...)` when the router's
+/// type is written out. The fix is `impl FromRef<AppState> for Engine`.
 ///
 /// Handlers must be `async fn`, must not take `self`, must not be generic and take at most 15
 /// parameters (axum's limit of 16 extractors, minus the engine). Other attributes (doc comments,
