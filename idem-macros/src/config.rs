@@ -596,3 +596,88 @@ fn policy_path(opt: &Opt<kw::policy>, errors: &mut Errors) -> Option<syn::Path> 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    fn errors(args: proc_macro2::TokenStream) -> Vec<String> {
+        let item = quote!(
+            async fn create(user: AuthUser, body: String) -> String {
+                body
+            }
+        );
+        match super::build(args, item) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_ttl_below_the_default_derive_window_asks_for_a_window() {
+        let e = errors(quote!(scope = "user", ttl = "5s", missing_key = "derive"));
+        assert_eq!(
+            e,
+            ["`ttl` (5s) is shorter than the default `derive_window` (10s): add `derive_window = \"5s\"` or less"]
+        );
+        assert!(errors(quote!(
+            scope = "user",
+            ttl = "5s",
+            missing_key = "derive",
+            derive_window = "5s"
+        ))
+        .is_empty());
+    }
+
+    #[test]
+    fn with_a_named_policy_unknown_values_are_left_to_checked() {
+        // The policy's ttl and missing_key are unknown here: `Policy::checked` judges them.
+        assert!(errors(quote!(scope = "user", policy = P, retain = "1h")).is_empty());
+        assert!(errors(quote!(scope = "user", policy = P, derive_window = "1m")).is_empty());
+        assert!(errors(quote!(
+            scope = "user",
+            policy = P,
+            reject_after = "2027-03-01"
+        ))
+        .is_empty());
+        // What the attribute states itself is still judged.
+        let e = errors(quote!(
+            scope = "user",
+            policy = P,
+            ttl = "2h",
+            retain = "1h"
+        ));
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("`retain` (1h) must be at least `ttl` (2h)"),
+            "{e:?}"
+        );
+        let e = errors(quote!(
+            scope = "user",
+            policy = P,
+            missing_key = "derive",
+            reject_after = "2027-03-01"
+        ));
+        assert!(
+            e[0].contains("but `missing_key` is \"derive\" here"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_scope_accepts_raw_names_and_global() {
+        assert!(errors(quote!(scope = "global")).is_empty());
+        assert!(errors(quote!(scope = "r#user")).is_empty());
+        let e = errors(quote!(scope = "body_"));
+        assert!(e[0].contains("did you mean `body`?"), "{e:?}");
+    }
+
+    #[test]
+    fn max_body_bounds() {
+        assert!(errors(quote!(scope = "user", max_body = "1GiB")).is_empty());
+        let e = errors(quote!(scope = "user", max_body = "2GiB"));
+        assert!(e[0].contains("at most \"1GiB\""), "{e:?}");
+        let e = errors(quote!(scope = "user", max_body = "0B"));
+        assert!(e[0].contains("greater than zero"), "{e:?}");
+    }
+}

@@ -1,5 +1,5 @@
 // Doc comments, other attributes and the visibility survive; a raw identifier as handler name;
-// a handler in a module used from outside it.
+// a handler in a module used from outside it; an associated function (without `self`).
 #![deny(warnings)]
 #[path = "../support.rs"]
 mod support;
@@ -20,9 +20,20 @@ mod handlers {
     pub async fn typed(r#type: AuthUser) -> String {
         r#type.id
     }
+
+    pub struct Payments;
+
+    impl Payments {
+        /// An associated handler returning `impl Trait`.
+        #[idempotent(scope = "user")]
+        pub async fn refund(user: AuthUser) -> impl axum::response::IntoResponse {
+            user.id
+        }
+    }
 }
 
 fn main() {
     let _ = support::route(handlers::r#match);
     let _ = support::route(handlers::typed);
+    let _ = support::route(handlers::Payments::refund);
 }
