@@ -162,6 +162,20 @@ use proc_macro::TokenStream;
 /// and then handed to the handler's own body extractor. Units `B`, `KiB`, `MiB`, `GiB`
 /// (`"1MB"` is refused as ambiguous, with the `MiB` spelling suggested).
 ///
+/// ```
+/// # use idem_runtime::idempotent; use axum::extract::State;
+/// # #[derive(Clone)] struct App; impl axum::extract::FromRef<App> for idem_runtime::Engine { fn from_ref(_: &App) -> Self { unimplemented!() } }
+/// # struct AuthUser; impl idem_runtime::axum::Scope for AuthUser { fn scope_id(&self) -> std::borrow::Cow<'_, str> { "u".into() } }
+/// # impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AuthUser { type Rejection = (); async fn from_request_parts(_: &mut axum::http::request::Parts, _: &S) -> Result<Self, ()> { Ok(AuthUser) } }
+/// use axum::http::{header::LOCATION, StatusCode};
+///
+/// #[idempotent(scope = "user", replay = "minimal", max_body = "64KiB")]
+/// async fn upload_receipt(user: AuthUser, body: axum::body::Bytes) -> (StatusCode, [(axum::http::HeaderName, String); 1]) {
+///     (StatusCode::CREATED, [(LOCATION, format!("/receipts/{}", body.len()))])
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/", axum::routing::post(upload_receipt));
+/// ```
+///
 /// ## `policy = PATH`: one policy for many handlers
 ///
 /// A service states its payment policy once, as a `const` built with [`Policy`]'s `const fn`s,
