@@ -5,7 +5,6 @@ mod payments_support;
 use payments_support::*;
 
 #[tokio::test]
-#[ignore = "needs the SQLite idempotency store wired into payments::store::store_from_url (TODO integrator)"]
 async fn a_retry_after_a_restart_on_the_same_file_replays() {
     let dir = tempfile::tempdir().unwrap();
     let first = start(dir.path()).await;
