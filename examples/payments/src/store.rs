@@ -35,6 +35,9 @@ pub struct Records {
     pub sweeper: Sweeper,
     /// A short description for the start-up log (never a password).
     pub describe: String,
+    /// Whether the records live in the ledger's database, on the ledger's pool (`IDEM_STORE_URL`
+    /// unset): then a handler can write its ledger rows and the record in one transaction.
+    pub shares_ledger_database: bool,
 }
 
 impl std::fmt::Debug for Records {
@@ -49,7 +52,7 @@ impl std::fmt::Debug for Records {
 /// on the ledger's pool.
 pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Records, StartError> {
     let Some(url) = idem_store_url else {
-        return Ok(match ledger.database() {
+        let mut records = match ledger.database() {
             Database::Sqlite(pool) => records(
                 SqliteStore::from_pool(pool.clone())
                     .await
@@ -62,7 +65,9 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
                     .map_err(|e| shared_error("PostgreSQL", e))?,
                 "PostgreSQL, in the ledger's database",
             ),
-        });
+        };
+        records.shares_ledger_database = true;
+        return Ok(records);
     };
     match crate::scheme(url) {
         "memory" => {
@@ -118,6 +123,7 @@ fn records<S: Store + Purge>(store: S, describe: &str) -> Records {
         sweeper: Sweeper::new(store.clone()).interval(SWEEP_EVERY),
         store,
         describe: describe.to_owned(),
+        shares_ledger_database: false,
     }
 }
 
