@@ -147,8 +147,8 @@ pub struct Background {
 }
 
 impl Background {
-    /// Spawns `tasks` and owns them.
-    pub fn spawn(tasks: impl IntoIterator<Item = tokio::task::JoinHandle<()>>) -> Self {
+    /// Owns the spawned `tasks`: they are aborted when the last clone is dropped.
+    pub fn own(tasks: impl IntoIterator<Item = tokio::task::JoinHandle<()>>) -> Self {
         Self {
             _tasks: Arc::new(tasks.into_iter().map(AbortOnDrop).collect()),
         }
@@ -176,7 +176,7 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
     let ledger = Ledger::open(&config.database_url).await?;
     let records = store::open(config.idem_store_url.as_deref(), &ledger).await?;
     tracing::info!(records = %records.describe, "idempotency store ready");
-    let background = Background::spawn([tokio::spawn(records.sweeper.run())]);
+    let background = Background::own([tokio::spawn(records.sweeper.run())]);
     Ok(router(AppState {
         engine: Engine::from_arc(records.store),
         ledger,
