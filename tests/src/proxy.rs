@@ -55,19 +55,23 @@ impl Proxy {
             let (up, cuts, commands) = (up.clone(), cuts.clone(), commands.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    // Subscribe before reading `up`: `cut` clears `up` before it signals, so a
+                    // connection either sees `up` cleared here or receives the signal.
+                    let mut cut = cuts.subscribe();
                     if !up.load(Ordering::SeqCst) {
                         drop(client);
                         continue;
                     }
-                    let mut cut = cuts.subscribe();
                     let commands = commands.clone();
                     tokio::spawn(async move {
                         let Ok(server) = TcpStream::connect(upstream).await else {
                             return;
                         };
+                        // Biased, the cut first: after a cut, no later poll forwards another byte.
                         tokio::select! {
-                            _ = pump(client, server, commands) => {}
+                            biased;
                             _ = cut.changed() => {}
+                            _ = pump(client, server, commands) => {}
                         }
                     });
                 }
@@ -92,7 +96,8 @@ impl Proxy {
         format!("redis://{}", self.addr)
     }
 
-    /// Closes every open connection and refuses new ones until [`restore`](Self::restore).
+    /// Closes every open connection and refuses new ones until [`restore`](Self::restore). Each open
+    /// connection stops at its next step, before forwarding anything more; none is accepted after.
     pub fn cut(&self) {
         self.up.store(false, Ordering::SeqCst);
         self.cuts.send_modify(|n| *n += 1);
