@@ -56,6 +56,7 @@ pub(crate) async fn run(cfg: &Config) {
         if ready.elapsed() > Duration::from_secs(30) {
             eprintln!("payments did not start");
             let _ = child.kill();
+            let _ = child.wait();
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
