@@ -280,27 +280,28 @@ impl Engine {
                 Ok(ClaimOutcome::Existing(record)) => record,
                 Err(e) => return Err(self.unavailable(e, &key, policy)),
             };
-            match classify(&found, fingerprint, now) {
-                Found::Expired => {
+            match classify(found, fingerprint, now) {
+                Found::Expired { expires_at } => {
                     self.record(Outcome::Expired, &key, policy);
                     return Err(Rejection::Expired {
-                        expired_at: found.expires_at,
+                        expired_at: expires_at,
                     });
                 }
-                Found::Mismatch => {
+                Found::Mismatch { expires_at } => {
                     self.record(Outcome::Mismatch, &key, policy);
-                    return Err(Rejection::Mismatch {
-                        expires_at: found.expires_at,
-                    });
+                    return Err(Rejection::Mismatch { expires_at });
                 }
-                Found::Completed(response) => {
+                Found::Completed {
+                    response,
+                    expires_at,
+                } => {
                     if subscription.is_some() {
                         self.record(Outcome::Waited, &key, policy);
                     }
                     self.record(Outcome::Replayed, &key, policy);
                     return Ok(Begin::Replay(Replay {
                         response,
-                        expires_at: found.expires_at,
+                        expires_at,
                     }));
                 }
                 Found::InFlight { lease_until } => {
@@ -333,25 +334,37 @@ impl Engine {
 }
 
 enum Found {
-    Expired,
-    Mismatch,
-    Completed(StoredResponse),
-    InFlight { lease_until: Timestamp },
+    Expired {
+        expires_at: Timestamp,
+    },
+    Mismatch {
+        expires_at: Timestamp,
+    },
+    Completed {
+        response: StoredResponse,
+        expires_at: Timestamp,
+    },
+    InFlight {
+        lease_until: Timestamp,
+    },
 }
 
 /// The order matters: an expired key is dead whatever it held; a different request never sees the
-/// original's response or waits for it.
-fn classify(record: &Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
-    if now >= record.expires_at {
-        Found::Expired
+/// original's response or waits for it. Takes the record by value so that a replay moves the stored
+/// response out instead of copying it (its headers are owned strings).
+fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
+    let expires_at = record.expires_at;
+    if now >= expires_at {
+        Found::Expired { expires_at }
     } else if record.fingerprint != fingerprint {
-        Found::Mismatch
+        Found::Mismatch { expires_at }
     } else {
-        match &record.state {
-            RecordState::Completed { response } => Found::Completed(response.clone()),
-            RecordState::InFlight { lease_until } => Found::InFlight {
-                lease_until: *lease_until,
+        match record.state {
+            RecordState::Completed { response } => Found::Completed {
+                response,
+                expires_at,
             },
+            RecordState::InFlight { lease_until } => Found::InFlight { lease_until },
         }
     }
 }

@@ -6,8 +6,9 @@
 //! sent a different request. Numbers and strings are hashed as written after parsing (`1.0` and `1`
 //! differ). Any other body, and a JSON body that does not parse, is hashed byte for byte.
 
-use serde_json::Value;
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::fmt;
 use std::io::Write;
 
@@ -36,9 +37,9 @@ impl Fingerprint {
             .filter(|ct| is_json(ct))
             .and_then(|_| parse_json(body))
         {
-            Some(value) => {
+            Some(mut value) => {
                 h.update(b"json\0");
-                hash_canonical(&mut h, &value);
+                hash_canonical(&mut h, &mut value);
             }
             None => {
                 h.update(b"bytes\0");
@@ -96,32 +97,143 @@ fn is_json(content_type: &str) -> bool {
             && subtype.as_bytes()[subtype.len() - 5..].eq_ignore_ascii_case(b"+json")
 }
 
-fn parse_json(body: &[u8]) -> Option<Value> {
+fn parse_json(body: &[u8]) -> Option<Node<'_>> {
     serde_json::from_slice(body).ok()
 }
 
-/// Writes `value` into the hash with object keys sorted. Sorting here, rather than relying on
-/// serde_json's map type, keeps the fingerprint stable even if another crate in the build turns on
-/// serde_json's `preserve_order` feature. Recursion depth is bounded by serde_json's parser (128).
-fn hash_canonical(h: &mut Sha256, value: &Value) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+/// A parsed JSON document whose strings borrow from the body where they contain no escapes. It holds
+/// what a `serde_json::Value` would (serde_json's own parser builds it, with the same depth limit and
+/// the same numbers), without a map node and an owned string per key: fingerprinting a request then
+/// costs one vector per object or array instead of allocations per member.
+enum Node<'a> {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(Cow<'a, str>),
+    Array(Vec<Node<'a>>),
+    /// Members as written; sorted (and duplicates resolved) when hashed.
+    Object(Vec<(Cow<'a, str>, Node<'a>)>),
+}
+
+impl<'de> Deserialize<'de> for Node<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = Node<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Node<'de>, E> {
+        Ok(Node::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Node<'de>, E> {
+        Ok(Node::Number(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Node<'de>, E> {
+        Ok(Node::Number(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Node<'de>, E> {
+        // As `Value` does: a float JSON cannot represent becomes null (the parser never yields one).
+        Ok(serde_json::Number::from_f64(v).map_or(Node::Null, Node::Number))
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Borrowed(v)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Owned(v)))
+    }
+    fn visit_unit<E>(self) -> Result<Node<'de>, E> {
+        Ok(Node::Null)
+    }
+    fn visit_none<E>(self) -> Result<Node<'de>, E> {
+        Ok(Node::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Node<'de>, D::Error> {
+        Node::deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node<'de>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Node::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node<'de>, A::Error> {
+        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some(Key(key)) = map.next_key()? {
+            members.push((key, map.next_value()?));
+        }
+        Ok(Node::Object(members))
+    }
+}
+
+/// An object key, borrowed from the body unless it contains escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// Writes `node` into the hash with object keys sorted: the bytes serde_json writes for the
+/// equivalent `Value` with its keys sorted. Sorting here, rather than relying on serde_json's map
+/// type, keeps the fingerprint stable even if another crate in the build turns on serde_json's
+/// `preserve_order` feature. A key given twice keeps its last value, as `Value` does. Recursion depth
+/// is bounded by serde_json's parser (128).
+fn hash_canonical(h: &mut Sha256, node: &mut Node<'_>) {
+    match node {
+        Node::Object(members) => {
+            // Stable, so that among equal keys the last one written stays last.
+            members.sort_by(|a, b| a.0.cmp(&b.0));
             h.update(b"{");
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for i in 0..members.len() {
+                if members
+                    .get(i + 1)
+                    .is_some_and(|next| next.0 == members[i].0)
+                {
+                    continue; // overridden by a later duplicate
+                }
+                if !first {
                     h.update(b",");
                 }
-                write_scalar(h, &Value::String(k.clone()));
+                first = false;
+                let (key, value) = &mut members[i];
+                write_json(h, &**key);
                 h.update(b":");
-                hash_canonical(h, v);
+                hash_canonical(h, value);
             }
             h.update(b"}");
         }
-        Value::Array(items) => {
+        Node::Array(items) => {
             h.update(b"[");
-            for (i, v) in items.iter().enumerate() {
+            for (i, v) in items.iter_mut().enumerate() {
                 if i > 0 {
                     h.update(b",");
                 }
@@ -129,11 +241,16 @@ fn hash_canonical(h: &mut Sha256, value: &Value) {
             }
             h.update(b"]");
         }
-        scalar => write_scalar(h, scalar),
+        Node::Null => h.update(b"null"),
+        Node::Bool(true) => h.update(b"true"),
+        Node::Bool(false) => h.update(b"false"),
+        Node::Number(n) => write_json(h, n),
+        Node::String(s) => write_json(h, &**s),
     }
 }
 
-fn write_scalar(h: &mut Sha256, value: &Value) {
+/// Writes a scalar as serde_json serialises it (string escapes, number formatting).
+fn write_json<T: serde::Serialize + ?Sized>(h: &mut Sha256, value: &T) {
     struct HashWriter<'a>(&'a mut Sha256);
     impl Write for HashWriter<'_> {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -194,6 +311,86 @@ mod tests {
         assert_ne!(a, Fingerprint::of_request("POST", "/q", None, b"x"));
         // The separator keeps "POST /p" + "x" apart from "POST /px" + "".
         assert_ne!(a, Fingerprint::of_request("POST", "/px", None, b""));
+    }
+
+    /// The implementation before `Node`: parse into a `serde_json::Value`, hash it with sorted keys.
+    /// The fingerprint must not change (stored records carry it).
+    fn reference(method: &str, path: &str, body: &[u8]) -> Fingerprint {
+        use serde_json::Value;
+        fn canonical(h: &mut Sha256, value: &Value) {
+            match value {
+                Value::Object(map) => {
+                    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                    h.update(b"{");
+                    for (i, (k, v)) in entries.into_iter().enumerate() {
+                        if i > 0 {
+                            h.update(b",");
+                        }
+                        write_json(h, &Value::String(k.clone()));
+                        h.update(b":");
+                        canonical(h, v);
+                    }
+                    h.update(b"}");
+                }
+                Value::Array(items) => {
+                    h.update(b"[");
+                    for (i, v) in items.iter().enumerate() {
+                        if i > 0 {
+                            h.update(b",");
+                        }
+                        canonical(h, v);
+                    }
+                    h.update(b"]");
+                }
+                scalar => write_json(h, scalar),
+            }
+        }
+        let mut h = Sha256::new();
+        h.update(method.as_bytes());
+        h.update([0]);
+        h.update(path.as_bytes());
+        h.update([0]);
+        match serde_json::from_slice::<Value>(body) {
+            Ok(value) => {
+                h.update(b"json\0");
+                canonical(&mut h, &value);
+            }
+            Err(_) => {
+                h.update(b"bytes\0");
+                h.update(body);
+            }
+        }
+        Fingerprint(h.finalize().into())
+    }
+
+    #[test]
+    fn the_fingerprint_is_unchanged_from_the_value_based_implementation() {
+        let bodies: &[&[u8]] = &[
+            br#"{"amount": 1000, "currency": "KRW", "description": "two apples"}"#,
+            br#"{"b":{"y":[1,2.5,-3,1e3,1.0,-0.0,18446744073709551615,-9223372036854775808],"x":"s"},"a":null}"#,
+            br#"{"a":1,"a":2,"b":[{"z":true,"a":false},{}],"a":3}"#,
+            br#"{"esc\"aped":"line\nbreak \u00e9 \ud83d\ude00 \/","":"","a\u0000":1}"#,
+            r#"{"plain":"é😀","é":1,"e":2}"#.as_bytes(),
+            br#"["x",{"k":"v","K":"V","k2":[[],[[]],{}]},123456789012345678901234567890]"#,
+            br#"  "just a string"  "#,
+            b"42",
+            b"true",
+            b"null",
+            br#"{"dup":{"x":1},"dup":{"y":2}}"#,
+            br#"{"b\u0061":1,"ba":2}"#,
+            b"{not json",
+            br#"{"a":1} trailing"#,
+            b"",
+        ];
+        for body in bodies {
+            assert_eq!(
+                Fingerprint::of_request("POST", "/p", JSON, body),
+                reference("POST", "/p", body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,119 @@
+//! Contention: 1,000 concurrent identical requests on one key. One runs; the others wait for its
+//! completion and replay. Store calls are counted by a wrapper store, for several handler durations:
+//! the calls per waiter must not grow with the wait (waiters are woken, they do not poll).
+
+use crate::counting::{Calls, CountingStore};
+use crate::floors::{fingerprint, response};
+use crate::report::{self, dur};
+use crate::setup::{Backend, Handle};
+use idem_runtime::policy::Policy;
+use idem_runtime::{Begin, Engine, RecordKey};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const WAITERS: usize = 1000;
+const HOLDS_MS: [u64; 3] = [10, 100, 1000];
+const POLICY: Policy = Policy::new()
+    .ttl(Duration::from_secs(86_400))
+    .wait(Duration::from_secs(30))
+    .lease(Duration::from_secs(60))
+    .handler("contention")
+    .checked();
+
+pub(crate) async fn run(handles: &[(Backend, Handle)]) {
+    println!("\n## Contention: {WAITERS} concurrent requests on one key\n");
+    println!("Through the engine (no HTTP), released together by a barrier; the one that claims holds the key for the handler time, then completes. \"After completion\" is from the completion to the last answer. Store calls per waiter exclude the executing request's claim and complete.\n");
+    println!("| store | handler time | executions | replays / errors | all answered after | after completion | claims per waiter | gets per waiter | subscriptions per waiter |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (backend, handle) in handles {
+        let mut per_waiter = Vec::new();
+        for hold in HOLDS_MS {
+            let calls = Arc::new(Calls::default());
+            let engine = Engine::from_arc(Arc::new(CountingStore {
+                inner: handle.store(),
+                calls: calls.clone(),
+            }));
+            let key = RecordKey::new(
+                "contention",
+                format!("{}-{hold}-{}", backend.name(), std::process::id()),
+            );
+            let barrier = Arc::new(tokio::sync::Barrier::new(WAITERS));
+            let executions = Arc::new(AtomicU64::new(0));
+            let replays = Arc::new(AtomicU64::new(0));
+            let completed_at = Arc::new(Mutex::new(None::<Instant>));
+            let start = Arc::new(Mutex::new(None::<Instant>));
+            let mut tasks = Vec::with_capacity(WAITERS);
+            for _ in 0..WAITERS {
+                let (engine, key, barrier) = (engine.clone(), key.clone(), barrier.clone());
+                let (executions, replays) = (executions.clone(), replays.clone());
+                let (completed_at, start) = (completed_at.clone(), start.clone());
+                tasks.push(tokio::spawn(async move {
+                    if barrier.wait().await.is_leader() {
+                        *start.lock().expect("start") = Some(Instant::now());
+                    }
+                    match engine.begin(key, fingerprint(), &POLICY).await {
+                        Ok(Begin::Execute(claim)) => {
+                            executions.fetch_add(1, Relaxed);
+                            tokio::time::sleep(Duration::from_millis(hold)).await;
+                            let ok = claim.complete(&response()).await.is_ok();
+                            *completed_at.lock().expect("completed") = Some(Instant::now());
+                            ok
+                        }
+                        Ok(Begin::Replay(_)) => {
+                            replays.fetch_add(1, Relaxed);
+                            true
+                        }
+                        Err(_) => false,
+                    }
+                    .then(Instant::now)
+                }));
+            }
+            let mut last = None::<Instant>;
+            let mut errors = 0;
+            for t in tasks {
+                match t.await.expect("waiter panicked") {
+                    Some(at) => last = Some(last.map_or(at, |l| l.max(at))),
+                    None => errors += 1,
+                }
+            }
+            let start = start.lock().expect("start").unwrap_or_else(Instant::now);
+            let done = completed_at.lock().expect("completed").unwrap_or(start);
+            let last = last.unwrap_or(start);
+            let waiters = (WAITERS - 1) as f64;
+            let claims = (calls.claim.load(Relaxed).saturating_sub(1)) as f64 / waiters;
+            let gets = calls.get.load(Relaxed) as f64 / waiters;
+            let subs = calls.subscribe.load(Relaxed) as f64 / waiters;
+            per_waiter.push(claims + gets);
+            println!(
+                "| {} | {hold} ms | {} | {} / {errors} | {} | {} | {claims:.2} | {gets:.2} | {subs:.2} |",
+                backend.name(),
+                executions.load(Relaxed),
+                replays.load(Relaxed),
+                dur(last - start),
+                dur(last.saturating_duration_since(done)),
+            );
+            if executions.load(Relaxed) != 1 {
+                report::target(
+                    format!("{}: {WAITERS} requests on one key run once", backend.name()),
+                    format!("{} executions", executions.load(Relaxed)),
+                    false,
+                );
+            }
+        }
+        // A waiter claims, subscribes and claims again, then claims once more when woken: at most 3
+        // store operations, whatever the wait (fewer when it arrives after the completion).
+        let max = per_waiter.iter().copied().fold(0f64, f64::max);
+        let listed: Vec<String> = per_waiter.iter().map(|x| format!("{x:.2}")).collect();
+        report::target(
+            format!(
+                "{}: store operations per waiter constant (≤ 3 whether the handler takes {} ms or {} ms)",
+                backend.name(),
+                HOLDS_MS[0],
+                HOLDS_MS[HOLDS_MS.len() - 1]
+            ),
+            format!("{} per waiter", listed.join(" / ")),
+            max <= 3.0 + 1e-9,
+        );
+    }
+}

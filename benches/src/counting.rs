@@ -1,0 +1,191 @@
+//! Counting what reaches a store: a [`Store`] wrapper that counts calls, and a TCP proxy that counts
+//! round trips (and, for PostgreSQL, statements and sqlx's release pings) on the wire.
+
+use idem_runtime::clock::Timestamp;
+use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
+use idem_runtime::{FencingToken, Record, RecordKey, StoredResponse};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Store calls, by operation.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    pub(crate) claim: AtomicU64,
+    pub(crate) complete: AtomicU64,
+    pub(crate) release: AtomicU64,
+    pub(crate) get: AtomicU64,
+    pub(crate) subscribe: AtomicU64,
+}
+
+/// A store that counts every call before passing it on.
+pub(crate) struct CountingStore {
+    pub(crate) inner: Arc<dyn Store>,
+    pub(crate) calls: Arc<Calls>,
+}
+
+#[async_trait::async_trait]
+impl Store for CountingStore {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.calls.claim.fetch_add(1, Relaxed);
+        self.inner.claim(claim).await
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.calls.complete.fetch_add(1, Relaxed);
+        self.inner.complete(key, token, response).await
+    }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.calls.release.fetch_add(1, Relaxed);
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.calls.get.fetch_add(1, Relaxed);
+        self.inner.get(key, now).await
+    }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.calls.subscribe.fetch_add(1, Relaxed);
+        self.inner.subscribe(key)
+    }
+}
+
+/// What the proxy saw.
+#[derive(Debug, Default)]
+pub(crate) struct Wire {
+    /// Client sends that follow a server reply (or open a connection), excluding lone PostgreSQL
+    /// `Sync` messages.
+    pub(crate) round_trips: AtomicU64,
+    /// PostgreSQL: `Bind` and simple `Query` messages (one per statement executed).
+    pub(crate) statements: AtomicU64,
+    /// PostgreSQL: writes that are a lone `Sync` (sqlx pings each connection as it returns to
+    /// the pool, off the request's path).
+    pub(crate) pings: AtomicU64,
+    /// Connections opened through the proxy.
+    pub(crate) connections: AtomicU64,
+}
+
+impl Wire {
+    pub(crate) fn snapshot(&self) -> [u64; 4] {
+        [
+            self.round_trips.load(Relaxed),
+            self.statements.load(Relaxed),
+            self.pings.load(Relaxed),
+            self.connections.load(Relaxed),
+        ]
+    }
+}
+
+/// A TCP proxy to `upstream` on an ephemeral port; `postgres` parses the client's messages.
+pub(crate) async fn proxy(upstream: SocketAddr, postgres: bool) -> (SocketAddr, Arc<Wire>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+    let addr = listener.local_addr().expect("proxy addr");
+    let wire = Arc::new(Wire::default());
+    let w = wire.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                continue;
+            };
+            w.connections.fetch_add(1, Relaxed);
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            tokio::spawn(pipe(client, server, w.clone(), postgres));
+        }
+    });
+    (addr, wire)
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: bool) {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let awaiting = Arc::new(AtomicBool::new(false));
+    let a = awaiting.clone();
+    let up = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut parser = PgParser::default();
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let lone_sync = postgres && chunk == [b'S', 0, 0, 0, 4];
+            if lone_sync {
+                wire.pings.fetch_add(1, Relaxed);
+            } else if !a.swap(true, Relaxed) {
+                wire.round_trips.fetch_add(1, Relaxed);
+            }
+            a.store(true, Relaxed);
+            if postgres {
+                let statements = parser.feed(chunk);
+                wire.statements.fetch_add(statements, Relaxed);
+            }
+            if sw.write_all(chunk).await.is_err() {
+                break;
+            }
+        }
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            awaiting.store(false, Relaxed);
+            if cw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(up, down);
+}
+
+/// Splits the client's byte stream into PostgreSQL frontend messages (the first, the startup
+/// message, has no type byte; the bench connects with `sslmode=disable`, so no SSLRequest).
+#[derive(Default)]
+struct PgParser {
+    buf: Vec<u8>,
+    started: bool,
+}
+
+impl PgParser {
+    fn feed(&mut self, chunk: &[u8]) -> u64 {
+        self.buf.extend_from_slice(chunk);
+        let mut statements = 0;
+        loop {
+            if !self.started {
+                if self.buf.len() < 4 {
+                    break;
+                }
+                let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
+                    as usize;
+                if self.buf.len() < len {
+                    break;
+                }
+                self.buf.drain(..len);
+                self.started = true;
+                continue;
+            }
+            if self.buf.len() < 5 {
+                break;
+            }
+            let len =
+                u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+            if self.buf.len() < 1 + len {
+                break;
+            }
+            if matches!(self.buf[0], b'B' | b'Q') {
+                statements += 1;
+            }
+            self.buf.drain(..1 + len);
+        }
+        statements
+    }
+}

@@ -1,0 +1,241 @@
+//! Each store's floor: the claim and complete of a new request, and the read of a replay, issued
+//! directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table, raw Redis
+//! commands), beside the same operations through idem's engine (no HTTP).
+
+use crate::setup::Handle;
+use bytes::Bytes;
+use idem_runtime::policy::Policy;
+use idem_runtime::{Begin, Engine, Fingerprint, RecordKey, StoredResponse};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The policy engine-level runs use (the macro's defaults with a 24 h ttl).
+pub(crate) const POLICY: Policy = Policy::new()
+    .ttl(Duration::from_secs(86_400))
+    .handler("bench")
+    .checked();
+
+/// The response every engine-level run stores (what the annotated handler stores, in size).
+pub(crate) fn response() -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("location".into(), "/payments/123456".into()),
+        ],
+        body: Bytes::from_static(
+            br#"{"amount":1000,"currency":"KRW","id":123456,"status":"captured"}"#,
+        ),
+    }
+}
+
+pub(crate) fn fingerprint() -> Fingerprint {
+    Fingerprint::of_request(
+        "POST",
+        "/idem",
+        Some("application/json"),
+        crate::load::BODY.as_bytes(),
+    )
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A new request through the engine: claim, then complete.
+pub(crate) async fn engine_new(engine: &Engine, scope: &str, key: String) -> bool {
+    match engine
+        .begin(RecordKey::new(scope, key), fingerprint(), &POLICY)
+        .await
+    {
+        Ok(Begin::Execute(claim)) => claim.complete(&response()).await.is_ok(),
+        _ => false,
+    }
+}
+
+/// A replay through the engine.
+pub(crate) async fn engine_replay(engine: &Engine, scope: &str, key: String) -> bool {
+    matches!(
+        engine
+            .begin(RecordKey::new(scope, key), fingerprint(), &POLICY)
+            .await,
+        Ok(Begin::Replay(_))
+    )
+}
+
+/// The direct path to one backend.
+#[derive(Clone)]
+pub(crate) enum Floor {
+    Memory(Arc<Mutex<HashMap<String, FloorRecord>>>),
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+    Redis(redis::aio::ConnectionManager),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct FloorRecord {
+    fingerprint: [u8; 32],
+    token: i64,
+    response: Option<Bytes>,
+}
+
+impl Floor {
+    pub(crate) fn for_handle(handle: &Handle) -> Self {
+        match handle {
+            Handle::Memory(_) => Floor::Memory(Arc::default()),
+            Handle::Sqlite(s) => Floor::Sqlite(s.pool().clone()),
+            Handle::Postgres(s) => Floor::Postgres(s.pool().clone()),
+            Handle::Redis(_, c) => Floor::Redis(c.clone()),
+        }
+    }
+
+    /// Claim (insert if absent) then complete (store the response under the token).
+    pub(crate) async fn new_request(&self, key: &str) -> bool {
+        let fp = fingerprint().0;
+        let token = key.len() as i64 * 7919 + 1;
+        let now = now_ms();
+        let body = response().body;
+        match self {
+            Floor::Memory(map) => {
+                {
+                    let mut map = map.lock().expect("floor map");
+                    if map.contains_key(key) {
+                        return false;
+                    }
+                    map.insert(
+                        key.to_owned(),
+                        FloorRecord {
+                            fingerprint: fp,
+                            token,
+                            response: None,
+                        },
+                    );
+                }
+                let mut map = map.lock().expect("floor map");
+                match map.get_mut(key) {
+                    Some(r) if r.token == token => {
+                        r.response = Some(body);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            Floor::Sqlite(pool) => {
+                let claimed = sqlx::query(
+                    "INSERT INTO idem_records (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
+                     VALUES ('floor', ?1, ?2, ?3, ?4, ?5, ?5, 'in_flight', ?4) ON CONFLICT DO NOTHING",
+                )
+                .bind(key)
+                .bind(&fp[..])
+                .bind(token)
+                .bind(now)
+                .bind(now + 86_400_000)
+                .execute(pool)
+                .await;
+                if !matches!(claimed, Ok(r) if r.rows_affected() == 1) {
+                    return false;
+                }
+                sqlx::query(
+                    "UPDATE idem_records SET state = 'completed', lease_until = NULL, status = 201, headers = ?3, body = ?4
+                     WHERE scope = 'floor' AND key = ?1 AND token = ?2 AND state = 'in_flight'",
+                )
+                .bind(key)
+                .bind(token)
+                .bind(r#"[["content-type","application/json"]]"#)
+                .bind(&body[..])
+                .execute(pool)
+                .await
+                .is_ok_and(|r| r.rows_affected() == 1)
+            }
+            Floor::Postgres(pool) => {
+                let claimed = sqlx::query(
+                    "INSERT INTO idem.records (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
+                     VALUES ('floor', $1, $2, $3, $4, $5, $5, 'in_flight', $4) ON CONFLICT DO NOTHING",
+                )
+                .bind(key)
+                .bind(&fp[..])
+                .bind(token)
+                .bind(now)
+                .bind(now + 86_400_000)
+                .execute(pool)
+                .await;
+                if !matches!(claimed, Ok(r) if r.rows_affected() == 1) {
+                    return false;
+                }
+                sqlx::query(
+                    "UPDATE idem.records SET state = 'completed', lease_until = NULL, status = 201, headers = $3, body = $4
+                     WHERE scope = 'floor' AND key = $1 AND token = $2 AND state = 'in_flight'",
+                )
+                .bind(key)
+                .bind(token)
+                .bind(r#"[["content-type","application/json"]]"#)
+                .bind(&body[..])
+                .execute(pool)
+                .await
+                .is_ok_and(|r| r.rows_affected() == 1)
+            }
+            Floor::Redis(conn) => {
+                let mut conn = conn.clone();
+                let k = format!("floor:{key}");
+                let claimed: Result<Option<String>, _> = redis::cmd("SET")
+                    .arg(&k)
+                    .arg(&fp[..])
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(86_400_000)
+                    .query_async(&mut conn)
+                    .await;
+                if !matches!(claimed, Ok(Some(_))) {
+                    return false;
+                }
+                redis::cmd("SET")
+                    .arg(&k)
+                    .arg(&body[..])
+                    .arg("XX")
+                    .arg("PX")
+                    .arg(86_400_000)
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+                    .is_ok_and(|r| r.is_some())
+            }
+        }
+    }
+
+    /// Read a completed record by key.
+    pub(crate) async fn replay(&self, key: &str) -> bool {
+        match self {
+            Floor::Memory(map) => map
+                .lock()
+                .expect("floor map")
+                .get(key)
+                .filter(|r| r.fingerprint == fingerprint().0)
+                .and_then(|r| r.response.clone())
+                .is_some(),
+            Floor::Sqlite(pool) => sqlx::query(
+                "SELECT fingerprint, status, headers, body FROM idem_records WHERE scope = 'floor' AND key = ?1",
+            )
+            .bind(key)
+            .fetch_optional(pool)
+            .await
+            .is_ok_and(|r| r.is_some()),
+            Floor::Postgres(pool) => sqlx::query(
+                "SELECT fingerprint, status, headers, body FROM idem.records WHERE scope = 'floor' AND key = $1",
+            )
+            .bind(key)
+            .fetch_optional(pool)
+            .await
+            .is_ok_and(|r| r.is_some()),
+            Floor::Redis(conn) => {
+                let mut conn = conn.clone();
+                redis::cmd("GET")
+                    .arg(format!("floor:{key}"))
+                    .query_async::<Option<Vec<u8>>>(&mut conn)
+                    .await
+                    .is_ok_and(|r| r.is_some())
+            }
+        }
+    }
+}

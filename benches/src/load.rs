@@ -1,0 +1,222 @@
+//! Load loops: N concurrent workers, bounded by a request count and a time limit, recording each
+//! request's latency.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The JSON body every benchmark request sends.
+pub(crate) const BODY: &str = r#"{"amount": 1000, "currency": "KRW", "description": "two apples"}"#;
+
+/// Latencies and counts of one load run.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Sample {
+    pub(crate) ok: u64,
+    pub(crate) errors: u64,
+    pub(crate) elapsed: Duration,
+    /// Latencies in nanoseconds, sorted.
+    pub(crate) latencies: Vec<u64>,
+}
+
+impl Sample {
+    pub(crate) fn throughput(&self) -> f64 {
+        self.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub(crate) fn quantile(&self, q: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((self.latencies.len() - 1) as f64 * q).round() as usize;
+        Duration::from_nanos(self.latencies[i])
+    }
+
+    pub(crate) fn p50(&self) -> Duration {
+        self.quantile(0.5)
+    }
+
+    pub(crate) fn p99(&self) -> Duration {
+        self.quantile(0.99)
+    }
+
+    pub(crate) fn mean(&self) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.latencies.iter().sum::<u64>() / self.latencies.len() as u64)
+    }
+
+    fn merge(parts: Vec<(u64, u64, Vec<u64>)>, elapsed: Duration) -> Self {
+        let mut s = Sample {
+            elapsed,
+            ..Sample::default()
+        };
+        for (ok, errors, lat) in parts {
+            s.ok += ok;
+            s.errors += errors;
+            s.latencies.extend(lat);
+        }
+        s.latencies.sort_unstable();
+        s
+    }
+}
+
+/// The run's bounds: whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub(crate) time: Duration,
+    pub(crate) requests: u64,
+}
+
+/// Runs `op(worker, n)` from `workers` concurrent tasks until the bounds are reached. `op` returns
+/// whether the operation succeeded.
+pub(crate) async fn drive<F, Fut>(workers: usize, bounds: Bounds, op: F) -> Sample
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let issued = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + bounds.time;
+    let mut tasks = Vec::with_capacity(workers);
+    for w in 0..workers {
+        let op = op.clone();
+        let issued = issued.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
+            loop {
+                let n = issued.fetch_add(1, Ordering::Relaxed);
+                if n >= bounds.requests || Instant::now() >= deadline {
+                    break;
+                }
+                let t = Instant::now();
+                if op(w, n).await {
+                    ok += 1;
+                    lat.push(t.elapsed().as_nanos() as u64);
+                } else {
+                    errors += 1;
+                }
+            }
+            (ok, errors, lat)
+        }));
+    }
+    let mut parts = Vec::with_capacity(workers);
+    for t in tasks {
+        parts.push(t.await.expect("load worker panicked"));
+    }
+    Sample::merge(parts, start.elapsed())
+}
+
+/// Which `Idempotency-Key` each HTTP request carries.
+#[derive(Debug, Clone)]
+pub(crate) enum Keys {
+    /// A new key per request: `<prefix>-<n>`.
+    Fresh(Arc<str>),
+    /// One of these keys, round robin (all completed beforehand: every request replays).
+    Replay(Arc<Vec<String>>),
+}
+
+impl Keys {
+    fn key(&self, n: u64) -> String {
+        match self {
+            Keys::Fresh(prefix) => format!("{prefix}-{n}"),
+            Keys::Replay(keys) => keys[n as usize % keys.len()].clone(),
+        }
+    }
+}
+
+/// HTTP load: `connections` keep-alive HTTP/1.1 connections (one per worker, hyper's client
+/// connection, no pool), each sending `POST path` with [`BODY`] back to back.
+pub(crate) async fn http(
+    addr: SocketAddr,
+    path: &'static str,
+    keys: Keys,
+    connections: usize,
+    bounds: Bounds,
+) -> Sample {
+    let issued = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + bounds.time;
+    let mut tasks = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let issued = issued.clone();
+        let keys = keys.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
+            let Ok(mut sender) = connect(addr).await else {
+                return (0, 1, lat);
+            };
+            loop {
+                let n = issued.fetch_add(1, Ordering::Relaxed);
+                if n >= bounds.requests || Instant::now() >= deadline {
+                    break;
+                }
+                let request = post(path, &keys.key(n));
+                let t = Instant::now();
+                match send(&mut sender, request).await {
+                    Some(status) if status.is_success() => {
+                        ok += 1;
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    }
+                    Some(_) => errors += 1,
+                    None => {
+                        errors += 1;
+                        match connect(addr).await {
+                            Ok(s) => sender = s,
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            (ok, errors, lat)
+        }));
+    }
+    let mut parts = Vec::with_capacity(connections);
+    for t in tasks {
+        parts.push(t.await.expect("load worker panicked"));
+    }
+    Sample::merge(parts, start.elapsed())
+}
+
+pub(crate) type Sender = http1::SendRequest<Full<Bytes>>;
+
+pub(crate) async fn connect(addr: SocketAddr) -> std::io::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+pub(crate) fn post(path: &str, key: &str) -> hyper::Request<Full<Bytes>> {
+    hyper::Request::post(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer user-1")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .expect("a valid request")
+}
+
+/// Sends one request and reads the whole response; `None` if the connection failed.
+pub(crate) async fn send(
+    sender: &mut Sender,
+    request: hyper::Request<Full<Bytes>>,
+) -> Option<hyper::StatusCode> {
+    sender.ready().await.ok()?;
+    let response = sender.send_request(request).await.ok()?;
+    let status = response.status();
+    response.into_body().collect().await.ok()?;
+    Some(status)
+}

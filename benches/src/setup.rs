@@ -1,0 +1,223 @@
+//! The stores under test, the in-process server and its handler (plain and annotated).
+
+use axum::http::header::LOCATION;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::postgres::PostgresStore;
+use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::sqlite::SqliteStore;
+use idem_runtime::store::{Purge, Store};
+use idem_runtime::{idempotent, Engine};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The request both handlers take.
+#[derive(Debug, Deserialize)]
+pub(crate) struct NewPayment {
+    amount: i64,
+    currency: String,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What both handlers do: a 201 with a JSON body and a `Location`, like the payments example minus
+/// its ledger, so that the difference between the two routes is idem alone.
+fn created(req: NewPayment) -> Response {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    (
+        StatusCode::CREATED,
+        [(LOCATION, format!("/payments/{id}"))],
+        Json(serde_json::json!({
+            "id": id, "amount": req.amount, "currency": req.currency, "status": "captured"
+        })),
+    )
+        .into_response()
+}
+
+pub(crate) async fn plain(Json(req): Json<NewPayment>) -> Response {
+    created(req)
+}
+
+#[idempotent(scope = "global", ttl = "24h")]
+pub(crate) async fn annotated(Json(req): Json<NewPayment>) -> Response {
+    created(req)
+}
+
+/// `/plain` and `/idem`: the same handler without and with `#[idempotent]`.
+pub(crate) fn router(engine: Engine) -> Router {
+    Router::new()
+        .route("/plain", post(plain))
+        .route("/idem", post(annotated))
+        .with_state(engine)
+}
+
+/// Serves `router` on an ephemeral 127.0.0.1 port in this process.
+pub(crate) async fn serve(router: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    addr
+}
+
+/// The four backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Memory,
+    Sqlite,
+    Postgres,
+    Redis,
+}
+
+impl Backend {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "PostgreSQL",
+            Backend::Redis => "Redis",
+        }
+    }
+}
+
+/// One backend's store, with what the floors and bulk loads need to reach it directly.
+#[derive(Clone)]
+pub(crate) enum Handle {
+    Memory(Arc<MemoryStore>),
+    Sqlite(Arc<SqliteStore>),
+    Postgres(Arc<PostgresStore>),
+    Redis(Arc<RedisStore>, redis::aio::ConnectionManager),
+}
+
+impl Handle {
+    pub(crate) fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Handle::Memory(s) => s.clone(),
+            Handle::Sqlite(s) => s.clone(),
+            Handle::Postgres(s) => s.clone(),
+            Handle::Redis(s, _) => s.clone(),
+        }
+    }
+
+    pub(crate) fn purge(&self) -> Arc<dyn Purge> {
+        match self {
+            Handle::Memory(s) => s.clone(),
+            Handle::Sqlite(s) => s.clone(),
+            Handle::Postgres(s) => s.clone(),
+            Handle::Redis(s, _) => s.clone(),
+        }
+    }
+}
+
+/// Where the services are. Defaults: the test services.
+pub(crate) fn postgres_base() -> String {
+    std::env::var("IDEM_BENCH_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+pub(crate) fn redis_url() -> String {
+    // Database 7, flushed by the bench: never the tests' database 0.
+    std::env::var("IDEM_BENCH_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/7".to_owned())
+}
+
+/// A fresh scratch directory for SQLite files.
+pub(crate) fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A new SQLite store in a new file (WAL, synchronous=NORMAL: the store's defaults).
+pub(crate) async fn sqlite(name: &str) -> Arc<SqliteStore> {
+    let path = scratch().join(format!("{name}.db"));
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    Arc::new(SqliteStore::connect(&url).await.expect("open SQLite"))
+}
+
+/// The bench's own PostgreSQL database (`idem_bench`, created if missing, emptied), so bulk loads
+/// never meet the tests' records. `via` replaces the host:port (the counting proxy).
+pub(crate) async fn postgres(via: Option<SocketAddr>) -> Result<Arc<PostgresStore>, String> {
+    let base = postgres_base();
+    let admin = sqlx::PgPool::connect(&format!("{base}/postgres?sslmode=disable"))
+        .await
+        .map_err(|e| format!("PostgreSQL unreachable at {base}: {e}"))?;
+    if let Err(e) = sqlx::query("CREATE DATABASE idem_bench")
+        .execute(&admin)
+        .await
+    {
+        if !e.to_string().contains("already exists") {
+            return Err(format!("CREATE DATABASE idem_bench: {e}"));
+        }
+    }
+    admin.close().await;
+    let url = match via {
+        Some(addr) => format!("postgres://postgres@{addr}/idem_bench?sslmode=disable"),
+        None => format!("{base}/idem_bench?sslmode=disable"),
+    };
+    let store = PostgresStore::connect(&url)
+        .await
+        .map_err(|e| format!("PostgresStore::connect: {e}"))?;
+    if via.is_none() {
+        sqlx::query("TRUNCATE idem.records")
+            .execute(store.pool())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(Arc::new(store))
+}
+
+/// The Redis store on the bench's database (flushed), and a plain connection for floors and loads.
+pub(crate) async fn redis(
+    via: Option<SocketAddr>,
+) -> Result<(Arc<RedisStore>, redis::aio::ConnectionManager), String> {
+    let url = match via {
+        Some(addr) => format!("redis://{addr}/7"),
+        None => redis_url(),
+    };
+    let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+    let mut conn = redis::aio::ConnectionManager::new(client)
+        .await
+        .map_err(|e| format!("Redis unreachable at {url}: {e}"))?;
+    if via.is_none() {
+        redis::cmd("FLUSHDB")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let store = RedisStore::builder(url)
+        .prefix("bench")
+        .connect()
+        .await
+        .map_err(|e| format!("RedisStore::connect: {e}"))?;
+    Ok((Arc::new(store), conn))
+}
+
+/// Every backend that can be reached; the unreachable ones are reported and skipped.
+pub(crate) async fn handles() -> Vec<(Backend, Handle)> {
+    let mut out = vec![
+        (
+            Backend::Memory,
+            Handle::Memory(Arc::new(MemoryStore::new())),
+        ),
+        (Backend::Sqlite, Handle::Sqlite(sqlite("http").await)),
+    ];
+    match postgres(None).await {
+        Ok(s) => out.push((Backend::Postgres, Handle::Postgres(s))),
+        Err(e) => eprintln!("skipping PostgreSQL: {e}"),
+    }
+    match redis(None).await {
+        Ok((s, c)) => out.push((Backend::Redis, Handle::Redis(s, c))),
+        Err(e) => eprintln!("skipping Redis: {e}"),
+    }
+    out
+}

@@ -1,0 +1,292 @@
+//! Throughput and latency: the same handler plain and with `#[idempotent]` over HTTP, and the store
+//! operations through idem's engine beside the store's direct floor, at 1, 16 and 64 concurrent
+//! connections, for new keys and for replays. Cells are interleaved round by round so that noise from
+//! the shared machine falls on every column alike; each figure is the median over the rounds.
+
+use crate::floors::{self, Floor};
+use crate::load::{self, Bounds, Keys, Sample};
+use crate::report::{self, dur, median, pct, rate, Config};
+use crate::setup::{self, Backend, Handle};
+use idem_runtime::Engine;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub(crate) const CONCURRENCY: [usize; 3] = [1, 16, 64];
+const REPLAY_KEYS: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    Plain,
+    HttpNew,
+    HttpReplay,
+    EngineNew,
+    EngineReplay,
+    FloorNew,
+    FloorReplay,
+}
+
+type Cells = BTreeMap<(Option<&'static str>, Path, usize), Vec<Sample>>;
+
+struct Target {
+    backend: Backend,
+    addr: SocketAddr,
+    engine: Engine,
+    floor: Floor,
+}
+
+pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
+    let mut targets = Vec::new();
+    for (backend, handle) in handles {
+        let engine = Engine::from_arc(handle.store());
+        let addr = setup::serve(setup::router(engine.clone())).await;
+        let floor = Floor::for_handle(handle);
+        // Completed keys for the replay cells, on each path.
+        let mut sender = load::connect(addr).await.expect("connect");
+        for i in 0..REPLAY_KEYS {
+            let status = load::send(&mut sender, load::post("/idem", &format!("replay-{i}"))).await;
+            assert!(
+                status.is_some_and(|s| s.is_success()),
+                "seeding {backend:?}"
+            );
+            assert!(floors::engine_new(&engine, "engine-replay", format!("r{i}")).await);
+            assert!(floor.new_request(&format!("r{i}")).await);
+        }
+        targets.push(Target {
+            backend: *backend,
+            addr,
+            engine,
+            floor,
+        });
+    }
+    let replay_keys: Arc<Vec<String>> =
+        Arc::new((0..REPLAY_KEYS).map(|i| format!("replay-{i}")).collect());
+    let bounds = Bounds {
+        time: cfg.cell(),
+        requests: 2_000_000,
+    };
+    let mut cells: Cells = BTreeMap::new();
+    let mut run_id = 0u64;
+    for round in 0..cfg.rounds {
+        for &c in &CONCURRENCY {
+            eprintln!(
+                "throughput: round {} of {}, {c} connections",
+                round + 1,
+                cfg.rounds
+            );
+            let plain_addr = targets[0].addr;
+            let s = load::http(
+                plain_addr,
+                "/plain",
+                Keys::Fresh(format!("plain-{run_id}").into()),
+                c,
+                bounds,
+            )
+            .await;
+            cells.entry((None, Path::Plain, c)).or_default().push(s);
+            for t in &targets {
+                run_id += 1;
+                let name = Some(t.backend.name());
+                let s = load::http(
+                    t.addr,
+                    "/idem",
+                    Keys::Fresh(format!("new-{run_id}").into()),
+                    c,
+                    bounds,
+                )
+                .await;
+                cells.entry((name, Path::HttpNew, c)).or_default().push(s);
+                let s = load::http(
+                    t.addr,
+                    "/idem",
+                    Keys::Replay(replay_keys.clone()),
+                    c,
+                    bounds,
+                )
+                .await;
+                cells
+                    .entry((name, Path::HttpReplay, c))
+                    .or_default()
+                    .push(s);
+
+                let e = t.engine.clone();
+                let scope: Arc<str> = format!("engine-{run_id}").into();
+                let s = load::drive(c, bounds, move |w, n| {
+                    let e = e.clone();
+                    let scope = scope.clone();
+                    async move { floors::engine_new(&e, &scope, format!("{w}-{n}")).await }
+                })
+                .await;
+                cells.entry((name, Path::EngineNew, c)).or_default().push(s);
+                let e = t.engine.clone();
+                let s = load::drive(c, bounds, move |_, n| {
+                    let e = e.clone();
+                    async move {
+                        floors::engine_replay(
+                            &e,
+                            "engine-replay",
+                            format!("r{}", n as usize % REPLAY_KEYS),
+                        )
+                        .await
+                    }
+                })
+                .await;
+                cells
+                    .entry((name, Path::EngineReplay, c))
+                    .or_default()
+                    .push(s);
+
+                let f = t.floor.clone();
+                let prefix: Arc<str> = format!("f{run_id}").into();
+                let s = load::drive(c, bounds, move |w, n| {
+                    let f = f.clone();
+                    let prefix = prefix.clone();
+                    async move { f.new_request(&format!("{prefix}-{w}-{n}")).await }
+                })
+                .await;
+                cells.entry((name, Path::FloorNew, c)).or_default().push(s);
+                let f = t.floor.clone();
+                let s = load::drive(c, bounds, move |_, n| {
+                    let f = f.clone();
+                    async move { f.replay(&format!("r{}", n as usize % REPLAY_KEYS)).await }
+                })
+                .await;
+                cells
+                    .entry((name, Path::FloorReplay, c))
+                    .or_default()
+                    .push(s);
+            }
+        }
+    }
+    print(&targets, &cells);
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Med {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    errors: u64,
+}
+
+fn med(cells: &Cells, key: (Option<&'static str>, Path, usize)) -> Med {
+    let Some(samples) = cells.get(&key) else {
+        return Med::default();
+    };
+    Med {
+        rps: median(samples.iter().map(Sample::throughput).collect()),
+        p50: median(samples.iter().map(|s| s.p50().as_secs_f64()).collect()),
+        p99: median(samples.iter().map(|s| s.p99().as_secs_f64()).collect()),
+        errors: samples.iter().map(|s| s.errors).sum(),
+    }
+}
+
+fn d(secs: f64) -> String {
+    dur(std::time::Duration::from_secs_f64(secs))
+}
+
+fn print(targets: &[Target], cells: &Cells) {
+    println!("\n## HTTP: the same handler plain and with `#[idempotent]`\n");
+    println!("Throughput (requests/s), p50 / p99 latency, and throughput as a ratio of the plain handler at the same concurrency. Medians of the rounds.\n");
+    print!("| path |");
+    for c in CONCURRENCY {
+        print!(" {c} conn: req/s | p50 / p99 | vs plain |");
+    }
+    println!();
+    println!("|---|{}", "---|---|---|".repeat(CONCURRENCY.len()));
+    let row = |label: String, key: &dyn Fn(usize) -> (Option<&'static str>, Path, usize)| {
+        let mut line = format!("| {label} |");
+        let mut errors = 0;
+        for c in CONCURRENCY {
+            let m = med(cells, key(c));
+            let plain = med(cells, (None, Path::Plain, c));
+            errors += m.errors;
+            line += &format!(
+                " {} | {} / {} | {} |",
+                rate(m.rps),
+                d(m.p50),
+                d(m.p99),
+                pct(m.rps / plain.rps.max(1e-9))
+            );
+        }
+        if errors > 0 {
+            line += &format!(" ({errors} errors)");
+        }
+        println!("{line}");
+    };
+    row("plain handler".into(), &|c| (None, Path::Plain, c));
+    for t in targets {
+        let n = t.backend.name();
+        row(format!("{n}, new key"), &|c| (Some(n), Path::HttpNew, c));
+        row(format!("{n}, replay"), &|c| (Some(n), Path::HttpReplay, c));
+    }
+
+    println!("\n## Store level: idem's engine against the store's direct floor\n");
+    println!("One new request = claim + complete; one replay = the read that answers it. The floor issues the same operations directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table, raw Redis commands); the engine goes through `Engine::begin` and `ClaimGuard::complete`, without HTTP. Ratio = engine throughput / floor throughput.\n");
+    print!("| store, operation |");
+    for c in CONCURRENCY {
+        print!(" {c}: floor req/s (p50) | {c}: engine req/s (p50) | ratio |");
+    }
+    println!();
+    println!("|---|{}", "---|---|---|".repeat(CONCURRENCY.len()));
+    for t in targets {
+        let n = t.backend.name();
+        for (label, floor, engine) in [
+            ("new", Path::FloorNew, Path::EngineNew),
+            ("replay", Path::FloorReplay, Path::EngineReplay),
+        ] {
+            let mut line = format!("| {n}, {label} |");
+            for c in CONCURRENCY {
+                let f = med(cells, (Some(n), floor, c));
+                let e = med(cells, (Some(n), engine, c));
+                line += &format!(
+                    " {} ({}) | {} ({}) | {} |",
+                    rate(f.rps),
+                    d(f.p50),
+                    rate(e.rps),
+                    d(e.p50),
+                    pct(e.rps / f.rps.max(1e-9))
+                );
+            }
+            println!("{line}");
+        }
+    }
+
+    // Targets.
+    for t in targets {
+        let n = t.backend.name();
+        match t.backend {
+            Backend::Memory => {
+                for c in CONCURRENCY {
+                    let plain = med(cells, (None, Path::Plain, c)).rps;
+                    let new = med(cells, (Some(n), Path::HttpNew, c)).rps / plain;
+                    let replay = med(cells, (Some(n), Path::HttpReplay, c)).rps / plain;
+                    report::target(
+                        format!("memory store: annotated ≥ 90% of plain throughput, {c} conn"),
+                        format!("new {} / replay {}", pct(new), pct(replay)),
+                        new >= 0.9 && replay >= 0.9,
+                    );
+                }
+            }
+            Backend::Postgres | Backend::Redis => {
+                let what = if t.backend == Backend::Postgres {
+                    "PostgreSQL: ≥ 80% of the direct-SQL floor"
+                } else {
+                    "Redis: ≥ 80% of the direct-command floor"
+                };
+                for c in CONCURRENCY {
+                    let new = med(cells, (Some(n), Path::EngineNew, c)).rps
+                        / med(cells, (Some(n), Path::FloorNew, c)).rps.max(1e-9);
+                    let replay = med(cells, (Some(n), Path::EngineReplay, c)).rps
+                        / med(cells, (Some(n), Path::FloorReplay, c)).rps.max(1e-9);
+                    report::target(
+                        format!("{what}, {c} conn"),
+                        format!("new {} / replay {}", pct(new), pct(replay)),
+                        new >= 0.8 && replay >= 0.8,
+                    );
+                }
+            }
+            Backend::Sqlite => {}
+        }
+    }
+}
