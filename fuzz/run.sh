@@ -4,6 +4,8 @@
 #   fuzz/run.sh TARGET [SECONDS]        e.g. fuzz/run.sh fingerprint 600
 #
 # Targets: idempotency_key, fingerprint, macro_values, stored_record (see README.md).
+# -timeout is generous: on a shared, busy machine a niced run can be starved for seconds, and a
+# starved input is no hang (every input here runs in microseconds).
 # The committed seeds are in corpus/TARGET (seed-*); what libFuzzer adds goes to a scratch copy in
 # target/corpus/TARGET, so a run never dirties the repository. A crash is saved under artifacts/TARGET.
 set -euo pipefail
@@ -23,4 +25,4 @@ mkdir -p "target/corpus/$target"
 RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz run --sanitizer none "$target" \
   "target/corpus/$target" "corpus/$target" -- \
   -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 -max_len="$max_len" \
-  -timeout=10 -print_final_stats=1
+  -timeout=60 -print_final_stats=1
