@@ -48,6 +48,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The `Retry-After` hint of an in-flight conflict (see [`Rejection::InFlight`]).
+const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// The idempotency engine: a store, a clock and counters. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -103,7 +106,9 @@ pub enum Rejection {
     /// the same key.
     #[error("a request with this Idempotency-Key is still being processed")]
     InFlight {
-        /// A hint: when the holder's lease runs out (at least one second).
+        /// A hint for `Retry-After`: one second. Not the lease's end: that bounds when a dead holder
+        /// can be taken over, not when a live one finishes, and a 30 s hint would push a client past
+        /// its own deadline. The retry then waits up to `wait` on the server for the original.
         retry_after: Duration,
     },
     /// The key is past its ttl. Decide whether to send the request again under a new key.
@@ -304,7 +309,7 @@ impl Engine {
                     if at_bound {
                         self.record(Outcome::Conflict, &key, policy);
                         return Err(Rejection::InFlight {
-                            retry_after: lease_left.max(Duration::from_secs(1)),
+                            retry_after: IN_FLIGHT_RETRY_AFTER,
                         });
                     }
                     match &mut subscription {

@@ -7,7 +7,7 @@
 //! async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<New>) -> impl IntoResponse { BODY }
 //! ```
 //!
-//! is, in essence:
+//! is, in essence (`IDEM_DEBUG_EXPAND=1` prints the real expansion; see `idem-macros/src/expand.rs`):
 //!
 //! ```ignore
 //! async fn create(
@@ -20,7 +20,8 @@
 //!         .ttl(::idem_runtime::__private::Duration::from_secs(86400))
 //!         .handler("create")
 //!         .checked();
-//!     let __idem_scope = ::idem_runtime::__private::scope_id(&user);
+//!     // Copied out: the body below is an `async move` block that may use `user` itself.
+//!     let __idem_scope = ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move { BODY }).await
 //! }
 //! ```

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 /// The problem type idem servers answer with `409 Conflict` while the original request with the same
 /// key is still running: the same key will succeed later, so the client retries it (after the
 /// answer's `Retry-After`, if any). Any other 409 is final.
-pub const REQUEST_IN_FLIGHT: &str = "urn:idem:problem:request-in-flight";
+pub const REQUEST_IN_FLIGHT: &str = "urn:idem:problem:in-flight";
 
 /// Why an attempt got no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,7 +1,7 @@
 //! A test service for the HTTP behaviour of idem on axum, driven in process with `oneshot`.
 //!
-//! The handlers are written in the form the `#[idempotent]` attribute expands to (see
-//! `idem_runtime::__private`), so these tests also pin that expansion contract.
+//! The handlers use the `#[idempotent]` attribute, except one written by hand in the form the
+//! attribute expands to (see `idem_runtime::__private`), which pins that expansion contract.
 
 #![allow(dead_code)]
 
@@ -13,11 +13,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use idem_runtime::__private::{
-    run, scope_id, EngineState, MissingKey, Policy, ReplayMode, WithBody, GLOBAL_SCOPE,
-};
+use idem_runtime::__private::{run, scope_id, EngineState, Policy, WithBody};
 use idem_runtime::axum::Scope;
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::idempotent;
+use idem_runtime::policy::MissingKey;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
 use idem_runtime::{Engine, FencingToken, Record, RecordKey, StoredResponse};
@@ -25,7 +25,6 @@ use serde::Deserialize;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
@@ -309,25 +308,25 @@ fn created(n: usize, user: &User, req: &NewPayment) -> Response {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Handlers in expanded form. `create_payment` is what
-//
-//     #[idempotent(scope = "user", replay_headers = ["x-request-ref"])]
-//     async fn create_payment(State(probe): State<Probe>, user: User, Json(req): Json<NewPayment>)
-//         -> impl IntoResponse { BODY }
-//
-// expands to.
+// Handlers. All but one go through the real `#[idempotent]` attribute, so these tests check what
+// users get. `create_payment` is written by hand in the form the attribute expands to, so the
+// expansion contract with `idem_runtime::__private` is pinned independently of the macro.
 
+/// Replays `x-request-ref` besides the default headers (`replay_headers` is a `Policy` field).
+const WITH_REQUEST_REF: idem_runtime::Policy =
+    idem_runtime::Policy::new().replay_headers(&["x-request-ref"]);
+
+/// What `#[idempotent(scope = "user", policy = WITH_REQUEST_REF)]` on
+/// `async fn create_payment(State(probe): State<Probe>, user: User, Json(req): Json<NewPayment>)`
+/// expands to.
 async fn create_payment(
     __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
     WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .replay_headers(&["x-request-ref"])
-        .handler("create_payment")
-        .checked();
-    let __idem_scope = scope_id(&user);
+    const __IDEM_POLICY: Policy = WITH_REQUEST_REF.handler("create_payment").checked();
+    let __idem_scope = Cow::Owned(scope_id(&user).into_owned());
     run(
         __idem_engine,
         &__IDEM_POLICY,
@@ -342,374 +341,171 @@ async fn create_payment(
 }
 
 /// Another endpoint with the same body shape.
+#[idempotent(scope = "user")]
 async fn create_refund(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("create_refund").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
+#[idempotent(scope = "user", replay = "minimal")]
 async fn minimal_payment(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .replay(ReplayMode::Minimal)
-        .handler("minimal_payment")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
 /// Full mode, but the stored-body cap (8 bytes) is smaller than the response.
+const TINY_STORED_BODY: idem_runtime::Policy = idem_runtime::Policy::new().max_stored_body(8);
+
+#[idempotent(scope = "user", policy = TINY_STORED_BODY)]
 async fn big_response(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .max_stored_body(8)
-        .handler("big_response")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
 /// A body that fails after its first chunk.
+#[idempotent(scope = "user")]
 async fn broken_stream(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(_req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
-) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("broken_stream").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            probe.call();
-            let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
-                Ok(Bytes::from_static(b"{\"id\":")),
-                Err(std::io::Error::other("connection to the card network lost")),
-            ];
-            (
-                StatusCode::CREATED,
-                [(header::LOCATION, "/payments/pay_stream")],
-                Body::from_stream(futures_util::stream::iter(chunks)),
-            )
-        },
+    Json(_req): Json<NewPayment>,
+) -> impl IntoResponse {
+    probe.call();
+    let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(Bytes::from_static(b"{\"id\":")),
+        Err(std::io::Error::other("connection to the card network lost")),
+    ];
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, "/payments/pay_stream")],
+        Body::from_stream(futures_util::stream::iter(chunks)),
     )
-    .await
 }
 
-/// 500 on the first call, 201 after.
-async fn flaky(
-    __idem_engine: EngineState,
-    State(probe): State<Probe>,
-    user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
-) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("flaky").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            if n == 1 {
-                return (StatusCode::BAD_GATEWAY, "card network down").into_response();
-            }
-            created(n, &user, &req)
-        },
-    )
-    .await
+/// 502 on the first call, 201 after.
+#[idempotent(scope = "user")]
+async fn flaky(State(probe): State<Probe>, user: User, Json(req): Json<NewPayment>) -> Response {
+    let n = probe.call();
+    if n == 1 {
+        return (StatusCode::BAD_GATEWAY, "card network down").into_response();
+    }
+    created(n, &user, &req)
 }
 
 /// A 4xx decided by the handler itself: stored like any other result.
+#[idempotent(scope = "user")]
 async fn declined(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(_req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
-) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("declined").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            (
-                StatusCode::PAYMENT_REQUIRED,
-                Json(serde_json::json!({ "error": "card declined", "attempt": n })),
-            )
-        },
+    Json(_req): Json<NewPayment>,
+) -> impl IntoResponse {
+    let n = probe.call();
+    (
+        StatusCode::PAYMENT_REQUIRED,
+        Json(serde_json::json!({ "error": "card declined", "attempt": n })),
     )
-    .await
 }
 
 /// Panics on the first call.
+#[idempotent(scope = "user")]
 async fn panicking(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("panicking").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            if n == 1 {
-                panic!("handler bug (test)");
-            }
-            created(n, &user, &req)
-        },
-    )
-    .await
+    let n = probe.call();
+    if n == 1 {
+        panic!("handler bug (test)");
+    }
+    created(n, &user, &req)
 }
 
 /// Waits at the gate; duplicates wait for it (default `wait`).
-async fn gated(
-    __idem_engine: EngineState,
-    State(probe): State<Probe>,
-    user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
-) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("gated").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            probe.gate().await;
-            created(n, &user, &req)
-        },
-    )
-    .await
+#[idempotent(scope = "user")]
+async fn gated(State(probe): State<Probe>, user: User, Json(req): Json<NewPayment>) -> Response {
+    let n = probe.call();
+    probe.gate().await;
+    created(n, &user, &req)
 }
 
 /// Waits at the gate; duplicates do not wait (`wait = 0`): 409 at once.
+#[idempotent(scope = "user", wait = "0s", lease = "30s")]
 async fn gated_no_wait(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .wait(Duration::ZERO)
-        .lease(Duration::from_secs(30))
-        .handler("gated_no_wait")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            probe.gate().await;
-            created(n, &user, &req)
-        },
-    )
-    .await
+    let n = probe.call();
+    probe.gate().await;
+    created(n, &user, &req)
 }
 
 /// ttl 60 s, so that moving the clock makes the key expire.
+#[idempotent(scope = "user", ttl = "60s")]
 async fn short_ttl(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .ttl(Duration::from_secs(60))
-        .handler("short_ttl")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
 /// Bodies over 40 bytes are refused.
+#[idempotent(scope = "user", max_body = "40B")]
 async fn small_body(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 40>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("small_body").checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
+#[idempotent(scope = "user", missing_key = "pass")]
 async fn pass_missing(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .missing_key(MissingKey::Pass)
-        .handler("pass_missing")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
-/// `reject_after` one hour after the test clock's start.
+/// `reject_after` one hour after the test clock's start (not a midnight, so a named policy).
 pub const DEADLINE_MS: i64 = START_MS + 3_600_000;
+const PASS_UNTIL_DEADLINE: idem_runtime::Policy = idem_runtime::Policy::new()
+    .missing_key(MissingKey::Pass)
+    .reject_after_ms(DEADLINE_MS);
 
+#[idempotent(scope = "user", policy = PASS_UNTIL_DEADLINE)]
 async fn pass_until_deadline(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .missing_key(MissingKey::Pass)
-        .reject_after_ms(DEADLINE_MS)
-        .handler("pass_until_deadline")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
+#[idempotent(scope = "user", missing_key = "derive", derive_window = "10s")]
 async fn derive_missing(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    Json(req): Json<NewPayment>,
 ) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new()
-        .missing_key(MissingKey::Derive)
-        .derive_window(Duration::from_secs(10))
-        .handler("derive_missing")
-        .checked();
-    let __idem_scope = scope_id(&user);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            created(n, &user, &req)
-        },
-    )
-    .await
+    created(probe.call(), &user, &req)
 }
 
 /// `scope = "global"`, with a head-only last extractor (the `ViaPartsExtractor` impl).
-async fn global_ping(
-    __idem_engine: EngineState,
-    State(probe): State<Probe>,
-    WithBody(user, __idem_request): WithBody<User, 1048576>,
-) -> Response {
-    const __IDEM_POLICY: Policy = Policy::new().handler("global_ping").checked();
-    let __idem_scope = Cow::Borrowed(GLOBAL_SCOPE);
-    run(
-        __idem_engine,
-        &__IDEM_POLICY,
-        __idem_scope,
-        __idem_request,
-        async move {
-            let n = probe.call();
-            (StatusCode::OK, format!("pong {n} for {}", user.0))
-        },
-    )
-    .await
+#[idempotent(scope = "global")]
+async fn global_ping(State(probe): State<Probe>, user: User) -> impl IntoResponse {
+    let n = probe.call();
+    (StatusCode::OK, format!("pong {n} for {}", user.0))
 }
 
 pub fn router(app: App) -> Router {

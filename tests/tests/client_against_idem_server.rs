@@ -1,0 +1,97 @@
+//! The retrying client against a real `#[idempotent]` server: the two halves agree on the contract
+//! (the in-flight problem type, `Retry-After`, the replay marker), not only each half with a fake.
+
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use idem_runtime::axum::problem::ProblemType;
+use idem_runtime::client::{Client, REQUEST_IN_FLIGHT};
+use idem_runtime::metrics::Outcome;
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::{idempotent, Engine};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+#[derive(Clone, FromRef)]
+struct App {
+    engine: Engine,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    entered: Notify,
+    open: Notify,
+    runs: AtomicUsize,
+}
+
+/// Answers 409 at once (`wait = "0s"`) while the original runs, so the client must retry.
+#[idempotent(scope = "global", wait = "0s")]
+async fn pay(State(gate): State<Arc<Gate>>, body: String) -> (StatusCode, String) {
+    gate.runs.fetch_add(1, Ordering::SeqCst);
+    gate.entered.notify_one();
+    gate.open.notified().await;
+    (StatusCode::CREATED, format!("paid {body}"))
+}
+
+#[test]
+fn the_client_recognises_the_servers_in_flight_problem() {
+    assert_eq!(REQUEST_IN_FLIGHT, ProblemType::InFlight.uri());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_flight_conflict_is_retried_until_the_original_replays() {
+    let engine = Engine::new(MemoryStore::new());
+    let gate = Arc::new(Gate::default());
+    let app = Router::new().route("/pay", post(pay)).with_state(App {
+        engine: engine.clone(),
+        gate: gate.clone(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/pay", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    // The original request, from a caller that does not retry, holds the key.
+    let original = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("Idempotency-Key", "order-7")
+                .body("1000")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    gate.entered.notified().await;
+
+    // The retrying client sends the same request with the same key while it runs.
+    let client = Client::builder().max_attempts(5).build().unwrap();
+    let retried = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .idempotency_key(idem_runtime::IdempotencyKey::new("order-7").unwrap())
+                .body("1000")
+                .send()
+                .await
+        })
+    };
+    // Let the original finish only once the server has answered the client's first attempt 409.
+    while engine.metrics().get(Outcome::Conflict) == 0 {
+        tokio::task::yield_now().await;
+    }
+    gate.open.notify_one();
+    assert_eq!(original.await.unwrap(), StatusCode::CREATED);
+
+    let response = retried.await.unwrap().expect("the retry succeeds");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert!(response.replayed(), "the retry got the stored response");
+    assert!(response.attempts() >= 2);
+    assert_eq!(gate.runs.load(Ordering::SeqCst), 1, "the handler ran once");
+}
