@@ -184,10 +184,10 @@ async fn sqlx_count(ledger: &Ledger, id: Option<&String>) -> i64 {
             .bind(id.clone()),
         None => idem_runtime::sqlx::query_scalar("SELECT count(*) FROM payments"),
     };
-    query
-        .fetch_one(ledger.pool())
-        .await
-        .expect("count payments")
+    let payments::ledger::Database::Sqlite(pool) = ledger.database() else {
+        panic!("the soak's ledger is SQLite")
+    };
+    query.fetch_one(pool).await.expect("count payments")
 }
 
 fn rss_kib() -> u64 {
@@ -223,6 +223,8 @@ async fn soak<S: Store + Purge>(
         engine,
         ledger: ledger.clone(),
         latency: Duration::from_millis(2),
+        // The soak runs its own sweeper, on the clock it moves.
+        background: payments::Background::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
