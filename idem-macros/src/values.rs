@@ -106,7 +106,11 @@ fn explain_duration(text: &str, allow_ms: bool) -> BadDuration {
         let Some(ms) = decimal_times(num, per) else {
             return BadDuration::Unrecognized;
         };
-        total_ms += ms;
+        // Each segment fits u128 but their sum need not (found by fuzz/macro_values).
+        let Some(sum) = total_ms.checked_add(ms) else {
+            return BadDuration::TooLarge;
+        };
+        total_ms = sum;
         segments += 1;
     }
     if segments == 0 {
@@ -445,6 +449,19 @@ mod tests {
         assert_eq!(parse_duration("7d", false), Ok(604_800_000));
         assert_eq!(parse_duration("0s", false), Ok(0));
         assert_eq!(parse_duration("250ms", true), Ok(250));
+    }
+
+    #[test]
+    fn segments_too_large_together_are_too_large_not_a_panic() {
+        let max = u128::MAX;
+        assert_eq!(
+            parse_duration(&format!("{max}ms {max}ms"), true),
+            Err(BadDuration::TooLarge)
+        );
+        assert_eq!(
+            parse_duration(&format!("{max}ms 1s"), false),
+            Err(BadDuration::TooLarge)
+        );
     }
 
     #[test]

@@ -293,6 +293,25 @@ mod tests {
     }
 
     #[test]
+    fn a_number_re_serialised_keeps_the_fingerprint() {
+        // Found by fuzz/fingerprint: without exact float parsing, the 53-digit integer and the
+        // shortest form of the same f64 parsed to neighbouring doubles.
+        for (sent, resent) in [
+            (
+                "66666666666666666666666666666666666666666666666666666",
+                "6.666666666666666e52",
+            ),
+            ("0.30000000000000004441", "0.30000000000000004"),
+        ] {
+            // The same double, written two ways (std's parser is exact).
+            assert_eq!(sent.parse::<f64>(), resent.parse::<f64>());
+            let a = Fingerprint::of_request("POST", "/p", JSON, sent.as_bytes());
+            let b = Fingerprint::of_request("POST", "/p", JSON, resent.as_bytes());
+            assert_eq!(a, b, "{sent} vs {resent}");
+        }
+    }
+
+    #[test]
     fn other_bodies_are_compared_by_bytes() {
         let a = Fingerprint::of_request("POST", "/p", Some("text/plain"), br#"{"a":1,"b":2}"#);
         let b = Fingerprint::of_request("POST", "/p", Some("text/plain"), br#"{"b":2,"a":1}"#);

@@ -582,6 +582,27 @@ async fn warn_if_evicting(mut conn: ConnectionManager) {
     }
 }
 
+/// The record and tag decoders, for the fuzz targets in `fuzz/` only: compiled under `cargo fuzz`
+/// (which sets `--cfg fuzzing`), never in a normal build.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod fuzzing {
+    use crate::{Record, RecordKey, StoreError};
+
+    pub fn decode_record(fields: &[Option<Vec<u8>>]) -> Result<Option<Record>, StoreError> {
+        super::decode_record(fields)
+    }
+
+    pub fn encode_tag(key: &RecordKey) -> String {
+        super::encode_tag(key)
+    }
+
+    pub fn decode_tag(tag: &[u8]) -> Option<RecordKey> {
+        super::decode_tag(tag)
+    }
+}
+
 fn channel_name(prefix: &str) -> String {
     format!("{prefix}:done")
 }
