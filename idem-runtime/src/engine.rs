@@ -192,7 +192,12 @@ impl Engine {
         &self.inner.metrics
     }
 
-    fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
+    /// The bound on each store call, if any.
+    pub(crate) fn store_timeout(&self) -> Option<Duration> {
+        self.inner.store_timeout
+    }
+
+    pub(crate) fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
         self.inner.metrics.record(outcome);
         match outcome {
             Outcome::Executed | Outcome::Replayed | Outcome::Waited => tracing::debug!(
@@ -210,7 +215,7 @@ impl Engine {
         }
     }
 
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -223,7 +228,12 @@ impl Engine {
         }
     }
 
-    fn unavailable(&self, source: StoreError, key: &RecordKey, policy: &Policy) -> Rejection {
+    pub(crate) fn unavailable(
+        &self,
+        source: StoreError,
+        key: &RecordKey,
+        policy: &Policy,
+    ) -> Rejection {
         self.record(Outcome::Unavailable, key, policy);
         tracing::warn!(target: "idem", error = %source, "idempotency store call failed");
         Rejection::Unavailable {
@@ -327,7 +337,7 @@ impl Engine {
     }
 }
 
-enum Found {
+pub(crate) enum Found {
     Expired,
     Mismatch,
     Completed(StoredResponse),
@@ -336,7 +346,7 @@ enum Found {
 
 /// The order matters: an expired key is dead whatever it held; a different request never sees the
 /// original's response or waits for it.
-fn classify(record: &Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
+pub(crate) fn classify(record: &Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
     if now >= record.expires_at {
         Found::Expired
     } else if record.fingerprint != fingerprint {
