@@ -172,12 +172,12 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         (None, None) => Some(MissingKey::Reject),
         (None, Some(_)) => None,
     };
-    let ttl_note = |ms: u64| {
-        if ttl_ms.is_some() {
-            format!("`ttl` ({})", format_ms(ms))
-        } else {
-            format!("`ttl` ({}, the default)", format_ms(ms))
-        }
+    // Messages quote durations as the user wrote them (validated, so canonical).
+    let ttl_text = written(ttl.as_ref()).unwrap_or_else(|| "24h".to_string());
+    let ttl_note = if ttl_ms.is_some() {
+        format!("`ttl` ({ttl_text})")
+    } else {
+        format!("`ttl` ({ttl_text}, the default)")
     };
 
     if let (Some(opt), Some(retain), Some(ttl)) = (&retain, retain_ms, eff_ttl) {
@@ -186,9 +186,9 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
                 &opt.value,
                 format!(
                     "`retain` ({}) must be at least {}: tombstones outlive the keys they remember; use `retain = \"{}\"` or more, or leave `retain` out (it defaults to 7d, or to `ttl` if longer)",
-                    format_ms(retain),
-                    ttl_note(ttl),
-                    format_ms(ttl)
+                    written(Some(opt)).unwrap_or_else(|| format_ms(retain)),
+                    ttl_note,
+                    ttl_text
                 ),
             );
         }
@@ -210,9 +210,9 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
                     &opt.value,
                     format!(
                         "`derive_window` ({}) must not exceed {}: a derived key cannot outlive the record; use `derive_window = \"{}\"` or less (a few seconds is typical: it catches double taps)",
-                        format_ms(window),
-                        ttl_note(ttl),
-                        format_ms(ttl)
+                        written(Some(opt)).unwrap_or_else(|| format_ms(window)),
+                        ttl_note,
+                        ttl_text
                     ),
                 );
             }
@@ -223,8 +223,7 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
                     &opt.value,
                     format!(
                         "`ttl` ({}) is shorter than the default `derive_window` (10s): add `derive_window = \"{}\"` or less",
-                        format_ms(ttl),
-                        format_ms(ttl)
+                        ttl_text, ttl_text
                     ),
                 );
             }
@@ -262,6 +261,16 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         max_body: max_body_value,
     };
     errors.into_result(config)
+}
+
+/// The string an option was given, if it was a string literal.
+fn written<K>(opt: Option<&Opt<K>>) -> Option<String> {
+    match &opt?.value {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Some(s.value()),
+        _ => None,
+    }
 }
 
 fn did_you_mean(hint: Option<&str>) -> String {
@@ -346,7 +355,8 @@ fn resolve_scope(
         return None;
     };
     let lit = string(opt, "scope", "user", errors)?;
-    let wanted = lit.value();
+    let written = lit.value();
+    let wanted = written.strip_prefix("r#").unwrap_or(&written).to_string();
     if wanted == "global" {
         return Some(ScopeSource::Global);
     }
@@ -584,5 +594,90 @@ fn policy_path(opt: &Opt<kw::policy>, errors: &mut Errors) -> Option<syn::Path> 
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    fn errors(args: proc_macro2::TokenStream) -> Vec<String> {
+        let item = quote!(
+            async fn create(user: AuthUser, body: String) -> String {
+                body
+            }
+        );
+        match super::build(args, item) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_ttl_below_the_default_derive_window_asks_for_a_window() {
+        let e = errors(quote!(scope = "user", ttl = "5s", missing_key = "derive"));
+        assert_eq!(
+            e,
+            ["`ttl` (5s) is shorter than the default `derive_window` (10s): add `derive_window = \"5s\"` or less"]
+        );
+        assert!(errors(quote!(
+            scope = "user",
+            ttl = "5s",
+            missing_key = "derive",
+            derive_window = "5s"
+        ))
+        .is_empty());
+    }
+
+    #[test]
+    fn with_a_named_policy_unknown_values_are_left_to_checked() {
+        // The policy's ttl and missing_key are unknown here: `Policy::checked` judges them.
+        assert!(errors(quote!(scope = "user", policy = P, retain = "1h")).is_empty());
+        assert!(errors(quote!(scope = "user", policy = P, derive_window = "1m")).is_empty());
+        assert!(errors(quote!(
+            scope = "user",
+            policy = P,
+            reject_after = "2027-03-01"
+        ))
+        .is_empty());
+        // What the attribute states itself is still judged.
+        let e = errors(quote!(
+            scope = "user",
+            policy = P,
+            ttl = "2h",
+            retain = "1h"
+        ));
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("`retain` (1h) must be at least `ttl` (2h)"),
+            "{e:?}"
+        );
+        let e = errors(quote!(
+            scope = "user",
+            policy = P,
+            missing_key = "derive",
+            reject_after = "2027-03-01"
+        ));
+        assert!(
+            e[0].contains("but `missing_key` is \"derive\" here"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_scope_accepts_raw_names_and_global() {
+        assert!(errors(quote!(scope = "global")).is_empty());
+        assert!(errors(quote!(scope = "r#user")).is_empty());
+        let e = errors(quote!(scope = "body_"));
+        assert!(e[0].contains("did you mean `body`?"), "{e:?}");
+    }
+
+    #[test]
+    fn max_body_bounds() {
+        assert!(errors(quote!(scope = "user", max_body = "1GiB")).is_empty());
+        let e = errors(quote!(scope = "user", max_body = "2GiB"));
+        assert!(e[0].contains("at most \"1GiB\""), "{e:?}");
+        let e = errors(quote!(scope = "user", max_body = "0B"));
+        assert!(e[0].contains("greater than zero"), "{e:?}");
     }
 }

@@ -39,7 +39,9 @@
 //! - `scope_id(&user)` carries the span of the parameter's *type*, so a type without `Scope` is
 //!   reported there, with `Scope`'s `on_unimplemented` note.
 //! - The `let __idem_ret: <return type>` gives `?` and `.into()` in the body the type the original
-//!   signature gave them; `impl Trait` in the return type becomes `_` (not allowed in a `let`).
+//!   signature gave them. `impl Trait` in the return type becomes `_` (not allowed in a `let`),
+//!   and the value passes through `fn __idem_returns(__idem_ret: T) -> T` with the original `T`,
+//!   so the bound is still checked where the user wrote it.
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
@@ -161,12 +163,28 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         }
     };
 
-    let ret_ty = match &sig.output {
-        ReturnType::Default => quote_spanned!(def=> ()),
+    // The body's value gets the declared return type, so `?` and `.into()` infer as before. An
+    // `impl Trait` cannot be written in a `let`: there it becomes `_`, and the value goes through
+    // a local fn declared with the original type, which keeps the bound checked (and the user's
+    // `use ...::IntoResponse` used).
+    let returns = Ident::new("__idem_returns", def);
+    let (ret_ty, finish) = match &sig.output {
+        ReturnType::Default => (quote_spanned!(def=> ()), ret.to_token_stream()),
         ReturnType::Type(_, ty) => {
-            let mut ty = (**ty).clone();
-            ImplToInfer.visit_type_mut(&mut ty);
-            ty.into_token_stream()
+            let mut inferred = (**ty).clone();
+            let mut visitor = ImplToInfer(false);
+            visitor.visit_type_mut(&mut inferred);
+            if visitor.0 {
+                let finish = quote_spanned!(def=> {
+                    fn #returns(#ret: #ty) -> #ty {
+                        #ret
+                    }
+                    #returns(#ret)
+                });
+                (inferred.into_token_stream(), finish)
+            } else {
+                (inferred.into_token_stream(), ret.to_token_stream())
+            }
         }
     };
     // Re-braced with a generated span: the user's statements keep theirs, and lints about the
@@ -198,19 +216,20 @@ pub(crate) fn expand(config: Config) -> TokenStream {
             #scope_let
             #p::run(#engine, &#policy_const, #scope_var, #request, async move {
                 let #ret: #ret_ty = #body;
-                #ret
+                #finish
             })
             .await
         }
     }
 }
 
-/// `impl Trait` → `_`, wherever it appears in the return type.
-struct ImplToInfer;
+/// `impl Trait` → `_`, wherever it appears in the return type; records whether it found one.
+struct ImplToInfer(bool);
 
 impl VisitMut for ImplToInfer {
     fn visit_type_mut(&mut self, ty: &mut Type) {
         if let Type::ImplTrait(it) = ty {
+            self.0 = true;
             *ty = Type::Infer(syn::TypeInfer {
                 underscore_token: syn::Token![_](it.impl_token.span),
             });
@@ -229,5 +248,100 @@ pub(crate) fn debug_print(name: &str, tokens: &TokenStream) {
     let wanted = wanted.to_string_lossy();
     if wanted == "1" || wanted.split(',').any(|w| w.trim() == name) {
         eprintln!("#[idempotent] expansion of `{name}`:\n{tokens}\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+        let config = match crate::config::build(args, item) {
+            Ok(config) => config,
+            Err(e) => panic!("{e}"),
+        };
+        super::expand(config).to_string()
+    }
+
+    #[test]
+    fn the_last_parameter_is_wrapped_and_the_engine_comes_first() {
+        let out = expand(
+            quote!(scope = "user", ttl = "1h"),
+            quote!(
+                async fn create(
+                    State(app): State<App>,
+                    user: AuthUser,
+                    Json(req): Json<New>,
+                ) -> Json<Out> {
+                    todo!()
+                }
+            ),
+        );
+        assert!(out.contains(
+            "async fn create (__idem_engine : :: idem_runtime :: __private :: EngineState , State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (Json (req) , __idem_request) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
+        ));
+        assert!(out.contains(
+            ". ttl (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64))"
+        ));
+        assert!(out.contains(". handler (\"create\") . checked ()"));
+        assert!(out.contains(":: idem_runtime :: __private :: scope_id (& user) . into_owned ()"));
+        assert!(out.contains("let __idem_ret : Json < Out > ="));
+    }
+
+    #[test]
+    fn no_parameters_wrap_the_unit_extractor() {
+        let out = expand(
+            quote!(scope = "global", max_body = "2KiB"),
+            quote!(
+                async fn ping() {}
+            ),
+        );
+        assert!(out.contains("WithBody (() , __idem_request) : :: idem_runtime :: __private :: WithBody < () , 2048usize >"));
+        assert!(out.contains("GLOBAL_SCOPE"));
+        assert!(out.contains(". max_request_body (2048usize)"));
+    }
+
+    #[test]
+    fn a_named_policy_is_the_base_and_sets_the_body_limit() {
+        let out = expand(
+            quote!(
+                scope = "global",
+                policy = crate::PAYMENTS,
+                replay = "minimal"
+            ),
+            quote!(
+                async fn create(body: String) -> impl IntoResponse {
+                    body
+                }
+            ),
+        );
+        assert!(out.contains(
+            "= crate :: PAYMENTS . replay (:: idem_runtime :: __private :: ReplayMode :: Minimal)"
+        ));
+        assert!(out.contains("WithBody < String , { crate :: PAYMENTS . max_request_body } >"));
+        // `impl Trait` is inferred in the `let` and checked by a local fn with the written type.
+        assert!(out.contains("let __idem_ret : _ ="));
+        assert!(
+            out.contains("fn __idem_returns (__idem_ret : impl IntoResponse) -> impl IntoResponse")
+        );
+    }
+
+    #[test]
+    fn every_mistake_is_reported_at_once() {
+        let Err(errors) = crate::config::build(
+            quote!(scope = "nobody", ttl = "0s", replay = "fast", ttl = "1h"),
+            quote!(
+                fn create(user: AuthUser) {}
+            ),
+        ) else {
+            panic!("accepted")
+        };
+        let messages: Vec<String> = errors.into_iter().map(|e| e.to_string()).collect();
+        assert_eq!(messages.len(), 5, "{messages:#?}");
+        assert!(messages[0].starts_with("duplicate option `ttl`"));
+        assert!(messages[1].contains("must be `async fn`"));
+        assert!(messages[2].starts_with("`nobody` is not a parameter of `create`"));
+        assert!(messages[3].starts_with("`ttl` must be greater than zero"));
+        assert!(messages[4].starts_with("`replay` must be"));
     }
 }

@@ -162,6 +162,20 @@ use proc_macro::TokenStream;
 /// and then handed to the handler's own body extractor. Units `B`, `KiB`, `MiB`, `GiB`
 /// (`"1MB"` is refused as ambiguous, with the `MiB` spelling suggested).
 ///
+/// ```
+/// # use idem_runtime::idempotent; use axum::extract::State;
+/// # #[derive(Clone)] struct App; impl axum::extract::FromRef<App> for idem_runtime::Engine { fn from_ref(_: &App) -> Self { unimplemented!() } }
+/// # struct AuthUser; impl idem_runtime::axum::Scope for AuthUser { fn scope_id(&self) -> std::borrow::Cow<'_, str> { "u".into() } }
+/// # impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AuthUser { type Rejection = (); async fn from_request_parts(_: &mut axum::http::request::Parts, _: &S) -> Result<Self, ()> { Ok(AuthUser) } }
+/// use axum::http::{header::LOCATION, StatusCode};
+///
+/// #[idempotent(scope = "user", replay = "minimal", max_body = "64KiB")]
+/// async fn upload_receipt(user: AuthUser, body: axum::body::Bytes) -> (StatusCode, [(axum::http::HeaderName, String); 1]) {
+///     (StatusCode::CREATED, [(LOCATION, format!("/receipts/{}", body.len()))])
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/", axum::routing::post(upload_receipt));
+/// ```
+///
 /// ## `policy = PATH`: one policy for many handlers
 ///
 /// A service states its payment policy once, as a `const` built with [`Policy`]'s `const fn`s,
@@ -205,10 +219,13 @@ use proc_macro::TokenStream;
 /// The attribute adds a first parameter that takes the [`Engine`] from the router state (so the
 /// state must provide one: `impl FromRef<AppState> for Engine`, or `#[derive(FromRef)]` on the
 /// state), wraps the last parameter so the body is buffered and fingerprinted, and runs the
-/// original body inside the engine. The response type becomes `axum::response::Response`. A
-/// router whose state has no `Engine` fails to compile at `.route(...)` with axum's "the trait
-/// bound `fn(EngineState, ...) {handler}: Handler<_, _>` is not satisfied": the `EngineState`
-/// parameter there is the missing engine.
+/// original body inside the engine. The response type becomes `axum::response::Response`.
+///
+/// A router whose state has no `Engine` fails to compile, never on the first request. As the only
+/// state type the compiler can see providing an `Engine` is `Engine` itself, the error names it:
+/// "expected `Engine`, found `AppState`" at `.with_state(...)`, or "expected
+/// `MethodRouter<AppState>`, found `MethodRouter<Engine>`" at `.route(...)` when the router's
+/// type is written out. The fix is `impl FromRef<AppState> for Engine`.
 ///
 /// Handlers must be `async fn`, must not take `self`, must not be generic and take at most 15
 /// parameters (axum's limit of 16 extractors, minus the engine). Other attributes (doc comments,

@@ -1,0 +1,16 @@
+// reject_after only means something with missing_key = "pass" (the default is "reject").
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+use support::AuthUser;
+
+#[idempotent(scope = "user", reject_after = "2027-03-01")]
+async fn create(user: AuthUser, body: String) -> String {
+    format!("{} {body}", user.id)
+}
+
+fn main() {
+    // The handler is still emitted as written: the router does not add a second error.
+    let _ = support::route(create);
+}

@@ -1,0 +1,16 @@
+// Tombstones must outlive the keys they remember.
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+use support::AuthUser;
+
+#[idempotent(scope = "user", ttl = "48h", retain = "24h")]
+async fn create(user: AuthUser, body: String) -> String {
+    format!("{} {body}", user.id)
+}
+
+fn main() {
+    // The handler is still emitted as written: the router does not add a second error.
+    let _ = support::route(create);
+}

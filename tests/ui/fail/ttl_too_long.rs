@@ -1,0 +1,16 @@
+// More than a year is almost certainly a unit mistake.
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+use support::AuthUser;
+
+#[idempotent(scope = "user", ttl = "400d")]
+async fn create(user: AuthUser, body: String) -> String {
+    format!("{} {body}", user.id)
+}
+
+fn main() {
+    // The handler is still emitted as written: the router does not add a second error.
+    let _ = support::route(create);
+}

@@ -1,0 +1,16 @@
+// A key forgotten at once protects nothing.
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+use support::AuthUser;
+
+#[idempotent(scope = "user", ttl = "0s")]
+async fn create(user: AuthUser, body: String) -> String {
+    format!("{} {body}", user.id)
+}
+
+fn main() {
+    // The handler is still emitted as written: the router does not add a second error.
+    let _ = support::route(create);
+}

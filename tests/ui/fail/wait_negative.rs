@@ -1,0 +1,16 @@
+// Durations cannot be negative.
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+use support::AuthUser;
+
+#[idempotent(scope = "user", wait = "-1s")]
+async fn create(user: AuthUser, body: String) -> String {
+    format!("{} {body}", user.id)
+}
+
+fn main() {
+    // The handler is still emitted as written: the router does not add a second error.
+    let _ = support::route(create);
+}

@@ -1,0 +1,19 @@
+// A handler without parameters, and one without a return type.
+#![deny(warnings)]
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+
+#[idempotent(scope = "global")]
+async fn ping() -> &'static str {
+    "pong"
+}
+
+#[idempotent(scope = "global")]
+async fn fire_and_forget() {}
+
+fn main() {
+    let _ = support::route(ping);
+    let _ = support::route(fire_and_forget);
+}
