@@ -68,6 +68,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         reject_after_ms,
         replay,
         max_body,
+        transaction,
     } = config;
     let ItemFn {
         attrs,
@@ -140,6 +141,11 @@ pub(crate) fn expand(config: Config) -> TokenStream {
 
     // Parameters: the engine first, the last one wrapped so the body is buffered and captured.
     let mut inputs: Vec<FnArg> = sig.inputs.iter().cloned().collect();
+    // `transaction = "tx"`: that parameter is no extractor; the runtime hands it to the body.
+    let tx_param = transaction.and_then(|index| match inputs.remove(index) {
+        FnArg::Typed(pt) => Some(pt),
+        FnArg::Receiver(_) => None,
+    });
     let wrapped = match inputs.pop() {
         Some(FnArg::Typed(pt)) => {
             let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
@@ -205,20 +211,35 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         ident,
         ..
     } = &sig;
+    let (engine_ty, run) = match &tx_param {
+        None => (
+            quote_spanned!(def=> #p::EngineState),
+            quote_spanned!(def=> #p::run(#engine, &#policy_const, #scope_var, #request, async move {
+                let #ret: #ret_ty = #body;
+                #finish
+            })),
+        ),
+        Some(pt) => {
+            let (pat, ty) = (&pt.pat, &pt.ty);
+            (
+                quote_spanned!(def=> #p::TxState<#ty>),
+                quote_spanned!(def=> #p::run_transactional(#engine, &#policy_const, #scope_var, #request, move |#pat: #ty| async move {
+                    let #ret: #ret_ty = #body;
+                    #finish
+                })),
+            )
+        }
+    };
     quote_spanned! {def=>
         #(#attrs)*
         #vis #constness #asyncness #unsafety #abi #fn_token #ident(
-            #engine: #p::EngineState,
+            #engine: #engine_ty,
             #(#inputs,)*
             #wrapped,
         ) -> #p::Response {
             const #policy_const: #p::Policy = #policy;
             #scope_let
-            #p::run(#engine, &#policy_const, #scope_var, #request, async move {
-                let #ret: #ret_ty = #body;
-                #finish
-            })
-            .await
+            #run.await
         }
     }
 }

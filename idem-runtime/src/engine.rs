@@ -197,6 +197,11 @@ impl Engine {
         self.inner.store_timeout
     }
 
+    /// The `Retry-After` hint for an unavailable store.
+    pub(crate) fn unavailable_retry_after(&self) -> Duration {
+        self.inner.unavailable_retry_after
+    }
+
     pub(crate) fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
         self.inner.metrics.record(outcome);
         match outcome {

@@ -86,13 +86,13 @@
 //! # }
 //! ```
 
+use crate::clock::Timestamp;
 use crate::engine::{classify, Engine, Found, Rejection, Replay};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, StoredResponse};
 use crate::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
-use crate::clock::Timestamp;
 use sqlx::{Database, Transaction};
 use std::error::Error as _;
 use std::future::Future;
@@ -307,12 +307,10 @@ impl<S: TransactionalStore> Transactional<S> {
                     let wait = deadline.saturating_duration_since(Instant::now());
                     let mut open = match self.bounded(wait, self.store.open(wait)).await {
                         Ok(open) => open,
-                        Err(failure) => {
-                            match self.failed(failure, &key, policy, &mut retries) {
-                                Some(rejection) => return Err(rejection),
-                                None => continue,
-                            }
-                        }
+                        Err(failure) => match self.failed(failure, &key, policy, &mut retries) {
+                            Some(rejection) => return Err(rejection),
+                            None => continue,
+                        },
                     };
                     match self
                         .bounded(wait, self.store.claim_in(&mut open.tx, &claim))
@@ -451,7 +449,10 @@ impl<S: TransactionalStore> Transactional<S> {
         &self,
         policy: &Policy,
     ) -> Result<Unprotected<S::Database>, StoreError> {
-        match self.bounded(policy.wait, self.store.open(policy.wait)).await {
+        match self
+            .bounded(policy.wait, self.store.open(policy.wait))
+            .await
+        {
             Ok(open) => Ok(Unprotected {
                 tx: Tx::owned(open.tx),
                 _gate: open.gate,
@@ -521,10 +522,6 @@ impl<S: TransactionalStore> TxClaim<S> {
     /// The transaction, for the handler's writes.
     pub fn tx(&mut self) -> &mut Tx<S::Database> {
         &mut self.tx
-    }
-
-    pub(crate) fn handler(&self) -> &'static str {
-        self.handler
     }
 
     /// Stores `response` in the record and commits: the claim, every write made through

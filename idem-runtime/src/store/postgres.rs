@@ -66,10 +66,10 @@
 //! [`PostgresStore::pool_options`] for the one failed request per stale connection).
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
-use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
@@ -480,15 +480,16 @@ impl TransactionalStore for PostgresStore {
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         claim: &Claim<'_>,
     ) -> Result<ClaimOutcome, TxFailure> {
-        let outcome = ops::claim(&mut **tx, claim)
-            .await
-            .map_err(|e| match db_code(&e).as_deref() {
-                // lock_not_available: the identical request's transaction outlasted the wait.
-                Some("55P03") => TxFailure::Busy,
-                // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
-                Some("40001") => TxFailure::Retry,
-                _ => TxFailure::Store(e),
-            })?;
+        let outcome =
+            ops::claim(&mut **tx, claim)
+                .await
+                .map_err(|e| match db_code(&e).as_deref() {
+                    // lock_not_available: the identical request's transaction outlasted the wait.
+                    Some("55P03") => TxFailure::Busy,
+                    // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
+                    Some("40001") => TxFailure::Retry,
+                    _ => TxFailure::Store(e),
+                })?;
         if let ClaimOutcome::Claimed { .. } = outcome {
             sqlx::query(RESTORE_LOCK_TIMEOUT)
                 .execute(&mut **tx)

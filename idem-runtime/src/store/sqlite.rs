@@ -68,10 +68,10 @@
 //! ```
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
-use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -465,18 +465,14 @@ impl TransactionalStore for SqliteStore {
         let gate = tokio::time::timeout(wait, self.shared.write_gate.clone().lock_owned())
             .await
             .map_err(|_| TxFailure::Busy)?;
-        let tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| {
-                let e = StoreError::unavailable(e);
-                // SQLITE_BUSY: another process kept the write lock past the busy timeout.
-                match db_code(&e).as_deref() {
-                    Some("5") => TxFailure::Busy,
-                    _ => TxFailure::Store(e),
-                }
-            })?;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| {
+            let e = StoreError::unavailable(e);
+            // SQLITE_BUSY: another process kept the write lock past the busy timeout.
+            match db_code(&e).as_deref() {
+                Some("5") => TxFailure::Busy,
+                _ => TxFailure::Store(e),
+            }
+        })?;
         Ok(OpenTx {
             tx,
             gate: Some(gate),
