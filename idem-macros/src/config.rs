@@ -491,13 +491,25 @@ fn resolve_transaction(
             format!(
                 "the `transaction` parameter takes the transaction by value: write `{}: {}` and run queries on `&mut *{}`",
                 pi.ident,
-                r.elem.to_token_stream(),
+                compact(&r.elem.to_token_stream().to_string()),
                 pi.ident
             ),
         );
         return None;
     }
     Some(index)
+}
+
+/// A type as written, without the spaces `to_string` puts around `<`, `>` and `::`.
+fn compact(tokens: &str) -> String {
+    tokens
+        .replace(" :: ", "::")
+        .replace(":: ", "::")
+        .replace(" < ", "<")
+        .replace(" <", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
 }
 
 /// Whether `pat` binds `name` anywhere inside.

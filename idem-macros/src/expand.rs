@@ -33,6 +33,15 @@
 //! }
 //! ```
 //!
+//! With `transaction = "tx"` (a parameter `mut tx: Tx<Postgres>`), that parameter leaves the
+//! extractor list, the engine parameter becomes
+//! `__idem_engine: ::idem_runtime::__private::TxState<Tx<Postgres>>` (the `Transactional` engine
+//! from the state; `TxState<T>` requires `T: TxHandle`, so a wrong type is reported at the
+//! parameter's type), and the call becomes
+//! `::idem_runtime::__private::run_transactional(__idem_engine, &__IDEM_POLICY, __idem_scope,
+//! __idem_request, move |mut tx: Tx<Postgres>| async move { ... })`: the runtime claims the key in
+//! a transaction and only then calls the closure with it.
+//!
 //! Why each piece looks the way it does:
 //! - The scope id is copied out (`into_owned`) because the body is an `async move` block that may
 //!   move the scope parameter itself; a borrow could not live alongside it.
@@ -221,9 +230,14 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         ),
         Some(pt) => {
             let (pat, ty) = (&pt.pat, &pt.ty);
+            // Spanned at the parameter's type, so that a type which is no idem transaction type
+            // is reported there (with `TxHandle`'s message), not at the attribute.
+            let ty_span = ty.span();
+            let state = quote_spanned!(ty_span=> ::idem_runtime::__private::TxState<#ty>);
+            let run = quote_spanned!(ty_span=> ::idem_runtime::__private::run_transactional);
             (
-                quote_spanned!(def=> #p::TxState<#ty>),
-                quote_spanned!(def=> #p::run_transactional(#engine, &#policy_const, #scope_var, #request, move |#pat: #ty| async move {
+                state,
+                quote_spanned!(def=> #run(#engine, &#policy_const, #scope_var, #request, move |#pat: #ty| async move {
                     let #ret: #ret_ty = #body;
                     #finish
                 })),
