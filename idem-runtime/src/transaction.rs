@@ -738,3 +738,51 @@ impl TxHandle for Tx<sqlx::Sqlite> {
         tx
     }
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use sqlx::sqlite::SqlitePool;
+
+    async fn open_tx() -> Tx<sqlx::Sqlite> {
+        let pool = SqlitePool::connect("sqlite::memory:").await.expect("pool");
+        Tx::owned(pool.begin().await.expect("begin"))
+    }
+
+    /// The handler's `async move` block owns the lent handle; it comes back when the block ends,
+    /// whether the body used it or not.
+    #[tokio::test]
+    async fn a_lent_transaction_comes_back_when_the_body_ends() {
+        let mut tx = open_tx().await;
+        let (lent, back) = tx.lend();
+        let body = |mut tx: Tx<sqlx::Sqlite>| async move {
+            sqlx::query("SELECT 1")
+                .execute(&mut *tx)
+                .await
+                .expect("query");
+        };
+        body(lent).await;
+        assert!(back.restore(&mut tx));
+        assert!(tx.inner.is_some());
+
+        let (lent, back) = tx.lend();
+        let ignores_it = |_tx: Tx<sqlx::Sqlite>| async move {};
+        ignores_it(lent).await;
+        assert!(back.restore(&mut tx));
+    }
+
+    /// A body that moves the handle somewhere that outlives it leaves nothing to commit.
+    #[tokio::test]
+    async fn a_kept_transaction_is_reported() {
+        let mut tx = open_tx().await;
+        let (lent, back) = tx.lend();
+        let kept = std::sync::Mutex::new(Vec::new());
+        let body = |tx: Tx<sqlx::Sqlite>| {
+            kept.lock().expect("lock").push(tx);
+            async move {}
+        };
+        body(lent).await;
+        assert!(!back.restore(&mut tx));
+        assert!(tx.inner.is_none());
+    }
+}

@@ -47,16 +47,18 @@ enum Keyed {
     Key(RecordKey, Fingerprint, Policy),
     /// Run unprotected.
     Pass,
+    /// Answered already: a malformed key, or none where one is required.
+    Answered(Response),
 }
 
-/// Fingerprints the request and reads its key; a problem response if the key is malformed or missing
-/// where required.
+/// Fingerprints the request and reads its key; answers with a problem if the key is malformed or
+/// missing where required.
 fn keyed(
     engine: &Engine,
     policy: &'static Policy,
     scope: String,
     request: RequestContext,
-) -> Result<Keyed, Response> {
+) -> Keyed {
     let fingerprint = Fingerprint::of_request(
         request.method.as_str(),
         &request.path,
@@ -66,22 +68,20 @@ fn keyed(
     // The handler holds its own reference to the body; the fingerprint was all this copy was for.
     drop(request.body);
     match decide_key(engine, policy, &scope, &request.keys, fingerprint) {
-        Ok(KeyDecision::Given(key)) => Ok(Keyed::Key(
-            RecordKey::new(scope, key.as_str()),
-            fingerprint,
-            *policy,
-        )),
+        Ok(KeyDecision::Given(key)) => {
+            Keyed::Key(RecordKey::new(scope, key.as_str()), fingerprint, *policy)
+        }
         // The derived key lives for the window only and leaves no tombstone: after the window,
         // the same request is a new request, not an expired key.
-        Ok(KeyDecision::Derived(key)) => Ok(Keyed::Key(
+        Ok(KeyDecision::Derived(key)) => Keyed::Key(
             RecordKey::new(scope, key),
             fingerprint,
             policy
                 .ttl(policy.derive_window)
                 .retain(policy.derive_window),
-        )),
-        Ok(KeyDecision::Pass) => Ok(Keyed::Pass),
-        Err(problem) => Err(problem.into_response()),
+        ),
+        Ok(KeyDecision::Pass) => Keyed::Pass,
+        Err(problem) => Keyed::Answered(problem.into_response()),
     }
 }
 
@@ -97,9 +97,9 @@ where
     R: IntoResponse,
 {
     let (key, fingerprint, policy) = match keyed(engine, policy, scope, request) {
-        Ok(Keyed::Key(key, fingerprint, policy)) => (key, fingerprint, policy),
-        Ok(Keyed::Pass) => return handler.await.into_response(),
-        Err(response) => return response,
+        Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
+        Keyed::Pass => return handler.await.into_response(),
+        Keyed::Answered(response) => return response,
     };
     match engine.begin(key, fingerprint, &policy).await {
         Ok(Begin::Execute(claim)) => execute(claim, &policy, handler).await,
@@ -126,9 +126,9 @@ where
 {
     let engine = txn.engine();
     let (key, fingerprint, policy) = match keyed(engine, policy, scope, request) {
-        Ok(Keyed::Key(key, fingerprint, policy)) => (key, fingerprint, policy),
-        Ok(Keyed::Pass) => return pass_transactional(txn, policy, handler).await,
-        Err(response) => return response,
+        Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
+        Keyed::Pass => return pass_transactional(txn, policy, handler).await,
+        Keyed::Answered(response) => return response,
     };
     match txn.begin(key, fingerprint, &policy).await {
         Ok(TxBegin::Execute(claim)) => execute_transactional(engine, claim, &policy, handler).await,

@@ -480,16 +480,15 @@ impl TransactionalStore for PostgresStore {
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         claim: &Claim<'_>,
     ) -> Result<ClaimOutcome, TxFailure> {
-        let outcome =
-            ops::claim(&mut **tx, claim)
-                .await
-                .map_err(|e| match db_code(&e).as_deref() {
-                    // lock_not_available: the identical request's transaction outlasted the wait.
-                    Some("55P03") => TxFailure::Busy,
-                    // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
-                    Some("40001") => TxFailure::Retry,
-                    _ => TxFailure::Store(e),
-                })?;
+        let outcome = ops::claim(tx, claim)
+            .await
+            .map_err(|e| match db_code(&e).as_deref() {
+                // lock_not_available: the identical request's transaction outlasted the wait.
+                Some("55P03") => TxFailure::Busy,
+                // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
+                Some("40001") => TxFailure::Retry,
+                _ => TxFailure::Store(e),
+            })?;
         if let ClaimOutcome::Claimed { .. } = outcome {
             sqlx::query(RESTORE_LOCK_TIMEOUT)
                 .execute(&mut **tx)
@@ -507,7 +506,7 @@ impl TransactionalStore for PostgresStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         // The NOTIFY it sends is delivered at the commit, to non-transactional waiters elsewhere.
-        ops::complete(&mut **tx, key, token, response).await
+        ops::complete(tx, key, token, response).await
     }
 
     fn committed(&self, key: &RecordKey) {
