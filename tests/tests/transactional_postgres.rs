@@ -145,4 +145,5 @@ cases!(
     a_duplicate_blocked_past_the_wait_gets_409,
     mismatch_and_expired_still_work,
     a_replay_opens_no_write,
+    a_passed_request_still_gets_a_transaction,
 );

@@ -142,3 +142,8 @@ async fn mismatch_and_expired_still_work() {
 async fn a_replay_opens_no_write() {
     transactional_support::a_replay_opens_no_write(&setup().await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_request_still_gets_a_transaction() {
+    transactional_support::a_passed_request_still_gets_a_transaction(&setup().await).await;
+}

@@ -104,9 +104,10 @@ pub struct Entry {
     pub fail: Option<String>,
 }
 
-/// Defines `App` (state: the `Transactional` engine and the `Controls`), two handlers in
+/// Defines `App` (state: the `Transactional` engine and the `Controls`), three handlers in
 /// transactional mode (`POST /entries` waits up to 60 s for an identical request, `POST /quick` not
-/// at all) and `router(app)`, for the database type `$db` and its store `$store`.
+/// at all, `POST /optional` runs requests without a key unprotected) and `router(app)`, for the
+/// database type `$db` and its store `$store`.
 #[macro_export]
 macro_rules! transactional_app {
     ($db:ty, $store:ty) => {
@@ -170,10 +171,21 @@ macro_rules! transactional_app {
             entry(controls, user, &mut tx, req).await
         }
 
+        #[idem_runtime::idempotent(scope = "user", transaction = "tx", missing_key = "pass")]
+        async fn optional(
+            axum::extract::State(controls): axum::extract::State<transactional_support::Controls>,
+            user: transactional_support::User,
+            mut tx: idem_runtime::Tx<$db>,
+            axum::Json(req): axum::Json<transactional_support::Entry>,
+        ) -> axum::response::Response {
+            entry(controls, user, &mut tx, req).await
+        }
+
         pub fn router(app: App) -> axum::Router {
             axum::Router::new()
                 .route("/entries", axum::routing::post(create))
                 .route("/quick", axum::routing::post(quick))
+                .route("/optional", axum::routing::post(optional))
                 .with_state(app)
         }
     };
@@ -232,6 +244,14 @@ pub fn post(path: &str, user: &str, key: &str, body: Value) -> Request<Body> {
     Request::post(path)
         .header("authorization", format!("Bearer {user}"))
         .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request")
+}
+
+pub fn post_without_key(path: &str, user: &str, body: Value) -> Request<Body> {
+    Request::post(path)
+        .header("authorization", format!("Bearer {user}"))
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
         .expect("request")
@@ -429,4 +449,26 @@ pub async fn a_replay_opens_no_write(b: &impl Backend) {
     assert_eq!(replay.status, 201, "{replay:?}");
     assert!(replay.replayed());
     assert_eq!(replay.json(), first.json());
+}
+
+/// `missing_key = "pass"`: a request without a key still runs in a transaction of its own,
+/// committed on success and rolled back on a 5xx; nothing is recorded for it.
+pub async fn a_passed_request_still_gets_a_transaction(b: &impl Backend) {
+    let router = b.router();
+    let ok = send(
+        &router,
+        post_without_key("/optional", "frank", json!({"amount": 4})),
+    )
+    .await;
+    assert_eq!(ok.status, 201, "{ok:?}");
+    assert!(ok.headers.get("idempotency-expires").is_none());
+    assert_eq!(b.ledger_rows().await, 1, "committed");
+    let failed = send(
+        &router,
+        post_without_key("/optional", "frank", json!({"amount": 4, "fail": "500"})),
+    )
+    .await;
+    assert_eq!(failed.status, 500);
+    assert_eq!(b.ledger_rows().await, 1, "rolled back");
+    assert_eq!(b.engine().metrics().get(Outcome::MissingKeyPassed), 2);
 }
