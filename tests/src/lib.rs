@@ -3,4 +3,5 @@
 
 pub mod conformance;
 pub mod postgres_db;
+pub mod proxy;
 pub mod services;

@@ -3,73 +3,29 @@
 //! with the application's own.
 //!
 //! Every backend instance (each case) gets a fresh database on the server at
-//! `IDEM_TEST_POSTGRES_URL`, named `idem_test_<unix seconds>_<uuid>`, dropped when the case ends;
-//! databases of this form older than an hour (left by a killed run) are dropped at the next start.
+//! `IDEM_TEST_POSTGRES_URL` ([`TestDb`]), dropped when the case ends.
 
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
-use idem_runtime::sqlx::{self, ConnectOptions, Row};
+use idem_runtime::sqlx::{self, Row};
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::{Claim, ClaimOutcome};
 use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
-use idem_tests::services;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use idem_tests::services::TestDb;
+use std::time::Duration;
 
-const PREFIX: &str = "idem_test_";
-/// Test databases older than this are leftovers of a killed run.
-const STALE_AFTER_SECS: u64 = 3600;
 /// Bounds a failure only: every wait below ends as soon as its event happens.
 const GENEROUS: Duration = Duration::from_secs(30);
 
-/// A database of its own, dropped with this value.
-struct TestDb {
-    server: PgConnectOptions,
-    name: String,
+/// What these cases open on their fresh database.
+trait Open {
+    /// A new store instance (a pool of its own) on this database.
+    async fn store(&self) -> PostgresStore;
+    /// A small pool on this database.
+    async fn pool(&self) -> PgPool;
 }
 
-impl TestDb {
-    async fn create() -> Option<Self> {
-        let server: PgConnectOptions = match services::postgres_url().parse() {
-            Ok(options) => options,
-            Err(e) => return services::unreachable_service("PostgreSQL", &e),
-        };
-        let mut admin = match server.clone().database("postgres").connect().await {
-            Ok(conn) => conn,
-            Err(e) => return services::unreachable_service("PostgreSQL", &e),
-        };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs();
-        let existing: Vec<String> = sqlx::query_scalar(
-            "SELECT datname FROM pg_database WHERE datname LIKE 'idem\\_test\\_%'",
-        )
-        .fetch_all(&mut admin)
-        .await
-        .expect("list test databases");
-        for stale in existing.iter().filter(|name| {
-            created_secs(name).is_some_and(|t| now.saturating_sub(t) > STALE_AFTER_SECS)
-        }) {
-            // Another run may drop it at the same time: ignore the outcome.
-            let _ = sqlx::raw_sql(&format!(
-                r#"DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)"#
-            ))
-            .execute(&mut admin)
-            .await;
-        }
-        let name = format!("{PREFIX}{now}_{}", uuid::Uuid::new_v4().simple());
-        sqlx::raw_sql(&format!(r#"CREATE DATABASE "{name}""#))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        Some(Self { server, name })
-    }
-
-    fn options(&self) -> PgConnectOptions {
-        self.server.clone().database(&self.name)
-    }
-
-    /// A new store instance (a pool of its own) on this database.
+impl Open for TestDb {
     async fn store(&self) -> PostgresStore {
         let pool = PostgresStore::pool_options()
             .max_connections(5)
@@ -85,39 +41,6 @@ impl TestDb {
             .connect_with(self.options())
             .await
             .expect("connect to the test database")
-    }
-}
-
-fn created_secs(name: &str) -> Option<u64> {
-    name.strip_prefix(PREFIX)?.split('_').next()?.parse().ok()
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let admin = self.server.clone().database("postgres");
-        let name = self.name.clone();
-        // Drop may run inside or outside a runtime: do the blocking work on a thread of its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let mut conn = admin.connect().await.map_err(|e| e.to_string())?;
-                sqlx::raw_sql(&format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#))
-                    .execute(&mut conn)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!(
-                "could not drop test database {} ({dropped:?}); the next run drops it",
-                self.name
-            );
-        }
     }
 }
 

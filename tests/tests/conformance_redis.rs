@@ -11,13 +11,15 @@ use idem_tests::services;
 struct Redis {
     url: String,
     prefix: String,
+    _keys: services::RedisPrefix,
 }
 
 impl Redis {
-    fn new(url: String) -> Self {
+    fn new(keys: services::RedisPrefix) -> Self {
         Self {
-            url,
-            prefix: format!("idem-test-{}", uuid::Uuid::new_v4()),
+            url: keys.url().to_owned(),
+            prefix: keys.prefix().to_owned(),
+            _keys: keys,
         }
     }
 
@@ -27,26 +29,6 @@ impl Redis {
             .connect()
             .await
             .expect("connect to redis")
-    }
-}
-
-impl Drop for Redis {
-    /// Deletes every key under this instance's prefix (a blocking connection: Drop cannot await).
-    fn drop(&mut self) {
-        let cleanup = || -> redis::RedisResult<()> {
-            let client = redis::Client::open(self.url.as_str())?;
-            let mut conn = client.get_connection()?;
-            let keys: Vec<String> =
-                redis::Commands::scan_match::<_, String>(&mut conn, format!("{}:*", self.prefix))?
-                    .collect();
-            for chunk in keys.chunks(500) {
-                redis::cmd("DEL").arg(chunk).query::<()>(&mut conn)?;
-            }
-            Ok(())
-        };
-        if let Err(e) = cleanup() {
-            eprintln!("could not delete the test keys under {}: {e}", self.prefix);
-        }
     }
 }
 
@@ -71,11 +53,7 @@ impl Backend for Redis {
 }
 
 async fn redis() -> Option<Redis> {
-    let url = services::redis_url();
-    match RedisStore::builder(&url).connect().await {
-        Ok(_) => Some(Redis::new(url)),
-        Err(e) => services::unreachable_service("Redis", &e),
-    }
+    services::RedisPrefix::create().await.map(Redis::new)
 }
 
 idem_tests::conformance_suite!(redis);
@@ -88,13 +66,9 @@ mod redis_only {
     use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{Begin, Engine, FencingToken, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
-    use std::net::SocketAddr;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+    use idem_tests::proxy::Proxy;
+    use std::sync::Arc;
     use std::time::Duration;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream};
-    use tokio::sync::watch;
 
     /// Bounds a step that should finish at once, so that a broken wake-up fails instead of hanging;
     /// it never decides a pass.
@@ -158,7 +132,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_replay_is_one_round_trip() {
         let Some(backend) = redis().await else { return };
-        let proxy = Proxy::start(&backend.url).await;
+        let proxy = Proxy::redis(&backend.url).await;
         let store = RedisStore::builder(proxy.url())
             .prefix(&backend.prefix)
             .connect()
@@ -203,7 +177,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_outage_fails_promptly_and_service_resumes_by_itself() {
         let Some(backend) = redis().await else { return };
-        let proxy = Proxy::start(&backend.url).await;
+        let proxy = Proxy::redis(&backend.url).await;
         let store = RedisStore::builder(proxy.url())
             .prefix(&backend.prefix)
             .connect()
@@ -281,7 +255,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lazy_store_starts_while_redis_is_down_and_connects_when_it_returns() {
         let Some(backend) = redis().await else { return };
-        let proxy = Proxy::start(&backend.url).await;
+        let proxy = Proxy::redis(&backend.url).await;
         proxy.cut();
         let store = RedisStore::builder(proxy.url())
             .prefix(&backend.prefix)
@@ -307,7 +281,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_completions_subscription_comes_back_after_an_outage() {
         let Some(backend) = redis().await else { return };
-        let proxy = Proxy::start(&backend.url).await;
+        let proxy = Proxy::redis(&backend.url).await;
         let a = backend.store().await;
         let b = RedisStore::builder(proxy.url())
             .prefix(&backend.prefix)
@@ -450,169 +424,5 @@ mod redis_only {
             expires_at: now + Duration::from_secs(3600),
             retain_until: now + Duration::from_secs(4 * 3600),
         }
-    }
-
-    /// A TCP proxy in front of Redis that can be cut off (existing connections closed, new ones
-    /// dropped at once) and restored, and that records the name of every command clients send.
-    struct Proxy {
-        addr: SocketAddr,
-        up: Arc<AtomicBool>,
-        cuts: watch::Sender<u64>,
-        commands: Arc<Mutex<Vec<String>>>,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Drop for Proxy {
-        fn drop(&mut self) {
-            self.task.abort();
-            self.cuts.send_modify(|n| *n += 1);
-        }
-    }
-
-    impl Proxy {
-        async fn start(redis_url: &str) -> Self {
-            let upstream = upstream(redis_url).await;
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let addr = listener.local_addr().expect("addr");
-            let up = Arc::new(AtomicBool::new(true));
-            let (cuts, _) = watch::channel(0u64);
-            let commands = Arc::new(Mutex::new(Vec::new()));
-            let task = tokio::spawn({
-                let (up, cuts, commands) = (up.clone(), cuts.clone(), commands.clone());
-                async move {
-                    while let Ok((client, _)) = listener.accept().await {
-                        if !up.load(Ordering::SeqCst) {
-                            drop(client);
-                            continue;
-                        }
-                        let mut cut = cuts.subscribe();
-                        let commands = commands.clone();
-                        tokio::spawn(async move {
-                            let Ok(server) = TcpStream::connect(upstream).await else {
-                                return;
-                            };
-                            tokio::select! {
-                                _ = pump(client, server, commands) => {}
-                                _ = cut.changed() => {}
-                            }
-                        });
-                    }
-                }
-            });
-            Self {
-                addr,
-                up,
-                cuts,
-                commands,
-                task,
-            }
-        }
-
-        fn url(&self) -> String {
-            format!("redis://{}", self.addr)
-        }
-
-        fn cut(&self) {
-            self.up.store(false, Ordering::SeqCst);
-            self.cuts.send_modify(|n| *n += 1);
-        }
-
-        fn restore(&self) {
-            self.up.store(true, Ordering::SeqCst);
-        }
-
-        fn commands(&self) -> Vec<String> {
-            self.commands.lock().expect("lock").clone()
-        }
-    }
-
-    async fn upstream(redis_url: &str) -> SocketAddr {
-        let client = redis::Client::open(redis_url).expect("redis url");
-        let target = match &client.get_connection_info().addr {
-            redis::ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
-            other => panic!("the proxy needs a TCP redis url, got {other:?}"),
-        };
-        tokio::net::lookup_host(target)
-            .await
-            .expect("resolve")
-            .next()
-            .expect("an address")
-    }
-
-    async fn pump(client: TcpStream, server: TcpStream, commands: Arc<Mutex<Vec<String>>>) {
-        let (mut client_read, mut client_write) = client.into_split();
-        let (mut server_read, mut server_write) = server.into_split();
-        let requests = async {
-            let mut pending = Vec::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match client_read.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                pending.extend_from_slice(&buf[..n]);
-                let names = take_commands(&mut pending);
-                commands.lock().expect("lock").extend(names);
-                if server_write.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
-        };
-        let replies = async {
-            let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-        };
-        tokio::select! {
-            _ = requests => {}
-            _ = replies => {}
-        }
-    }
-
-    /// Removes the complete RESP commands (arrays of bulk strings, as clients send them) from the
-    /// front of `buf` and returns their names in upper case.
-    fn take_commands(buf: &mut Vec<u8>) -> Vec<String> {
-        fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
-            let end = buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
-            Some((&buf[at..at + end], at + end + 2))
-        }
-        fn number(bytes: &[u8]) -> usize {
-            std::str::from_utf8(bytes)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .expect("a RESP length")
-        }
-        let mut names = Vec::new();
-        let mut consumed = 0;
-        'commands: while let Some((header, mut at)) = line(buf, consumed) {
-            assert_eq!(header.first(), Some(&b'*'), "clients send arrays");
-            let mut name = None;
-            for _ in 0..number(&header[1..]) {
-                let Some((len, start)) = line(buf, at) else {
-                    break 'commands;
-                };
-                let end = start + number(&len[1..]);
-                if buf.len() < end + 2 {
-                    break 'commands;
-                }
-                name.get_or_insert_with(|| {
-                    String::from_utf8_lossy(&buf[start..end]).to_uppercase()
-                });
-                at = end + 2;
-            }
-            names.push(name.unwrap_or_default());
-            consumed = at;
-        }
-        buf.drain(..consumed);
-        names
-    }
-
-    #[test]
-    fn the_proxy_counts_commands_split_across_reads() {
-        let wire =
-            b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$4\r\nPING\r\n*3\r\n$7\r\nevalsha\r\n$2\r\nab";
-        let mut buf = wire.to_vec();
-        assert_eq!(take_commands(&mut buf), ["GET", "PING"]);
-        buf.extend_from_slice(b"\r\n$0\r\n\r\n");
-        assert_eq!(take_commands(&mut buf), ["EVALSHA"]);
-        assert!(buf.is_empty());
     }
 }

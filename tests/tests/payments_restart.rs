@@ -1,11 +1,10 @@
-//! A restart on the same SQLite file: the retry replays.
+//! A restart on the same SQLite file: the retry replays, as the records are in that file.
 
 mod payments_support;
 
 use payments_support::*;
 
 #[tokio::test]
-#[ignore = "needs the SQLite idempotency store wired into payments::store::store_from_url (TODO integrator)"]
 async fn a_retry_after_a_restart_on_the_same_file_replays() {
     let dir = tempfile::tempdir().unwrap();
     let first = start(dir.path()).await;
@@ -27,4 +26,14 @@ async fn a_retry_after_a_restart_on_the_same_file_replays() {
     assert!(retry.replayed());
     assert_eq!(retry.body, created.body);
     assert_eq!(list(&restarted, "alice").await.len(), 1);
+
+    // By default the records live in the ledger's file, next to the payments.
+    let file = sqlx::SqlitePool::connect(&database_url(dir.path()))
+        .await
+        .unwrap();
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+        .fetch_one(&file)
+        .await
+        .unwrap();
+    assert_eq!(records, 1);
 }

@@ -94,6 +94,8 @@ async fn capture(app: &AppState, user: &AuthUser, req: NewPayment) -> Response {
         return invalid("`currency` must be an ISO 4217 code such as \"KRW\"");
     }
     card_network(app).await;
+    // The business write, one statement. `ledger::{sqlite, postgres}::insert` take any executor, so
+    // a transactional mode can run it in the transaction that also writes the idempotency record.
     match app
         .ledger
         .capture(&user.id, req.amount, &req.currency)

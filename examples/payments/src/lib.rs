@@ -2,11 +2,16 @@
 //!
 //! The contract (stable; also in `examples/payments/README.md`):
 //!
-//! - **Environment.** `PORT` (default 3000; listens on 127.0.0.1). `DATABASE_URL` (default
-//!   `sqlite://payments.db?mode=rwc`, a file in the working directory; `sqlite://some/dir/payments.db?mode=rwc`
-//!   works too, the directory is created) holds the ledger and the idempotency records.
-//!   `IDEM_STORE_URL` optionally puts the idempotency records elsewhere. `PAYMENT_LATENCY_MS`
-//!   (default 0) simulates a slow card network.
+//! - **Environment.** `PORT` (default 3000; listens on 127.0.0.1; `0` picks a free port).
+//!   `DATABASE_URL` (default `sqlite://payments.db?mode=rwc`, a file in the working directory;
+//!   `sqlite://some/dir/payments.db?mode=rwc` works too, the directory is created;
+//!   `postgres://user@host/db` for many instances) holds the ledger and, by default, the idempotency
+//!   records. `IDEM_STORE_URL` optionally puts the idempotency records elsewhere: `redis://host:port`
+//!   (with `?prefix=name` for the key prefix, default `idem`), `postgres://...`, `sqlite:...` or
+//!   `memory` (see [`store`]). `PAYMENT_LATENCY_MS` (default 0) simulates a slow card network.
+//! - **Start-up.** An unsupported URL, or a database or store that cannot be reached, stops the
+//!   binary at start-up with a message naming the variable. Once it accepts connections, the binary
+//!   prints one line to stdout, `payments listening on http://127.0.0.1:<port>` (logs go to stderr).
 //! - **Auth.** `Authorization: Bearer <user-id>` (demo auth: the token is the user id); without it, 401.
 //! - `POST /payments` with `{"amount": 1000, "currency": "KRW"}` → 201
 //!   `{"id", "amount", "currency", "status": "captured"}` and `Location: /payments/{id}`.
@@ -36,7 +41,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use idem_runtime::Engine;
 use ledger::Ledger;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The default `DATABASE_URL`: `payments.db` in the working directory.
@@ -104,12 +110,15 @@ pub enum StartError {
     /// A malformed environment variable.
     #[error("configuration: {0}")]
     Config(String),
-    /// A URL scheme this build cannot serve yet.
+    /// A URL scheme this build cannot serve.
     #[error("{0}")]
     Unsupported(String),
-    /// The ledger database could not be opened.
-    #[error("database: {0}")]
+    /// The ledger database (`DATABASE_URL`) could not be opened.
+    #[error("DATABASE_URL: {0}")]
     Database(#[from] sqlx::Error),
+    /// The idempotency store could not be opened.
+    #[error("{0}")]
+    Store(String),
     /// The listener could not be bound, or serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
@@ -125,26 +134,54 @@ pub struct AppState {
     pub ledger: Ledger,
     /// The simulated card network's latency.
     pub latency: Duration,
+    /// The background tasks (the sweeper); they stop when the last clone of the state is dropped.
+    #[from_ref(skip)]
+    pub background: Background,
 }
 
-/// Opens the ledger and the idempotency store named by `config` and builds the router.
-pub async fn app(config: &Config) -> Result<Router, StartError> {
-    if !config.database_url.starts_with("sqlite:") {
-        // TODO(integrator): a PostgreSQL ledger for `postgres://` once the PostgreSQL store lands.
-        return Err(StartError::Unsupported(
-            "DATABASE_URL: only sqlite: URLs are supported for the ledger so far".to_owned(),
-        ));
+/// Background tasks owned by the state: aborted when the last clone is dropped, so that a router
+/// dropped in a test (or a server that stops) leaves no sweeper running on its store.
+#[derive(Debug, Clone, Default)]
+pub struct Background {
+    _tasks: Arc<Vec<AbortOnDrop>>,
+}
+
+impl Background {
+    /// Owns the spawned `tasks`: they are aborted when the last clone is dropped.
+    pub fn own(tasks: impl IntoIterator<Item = tokio::task::JoinHandle<()>>) -> Self {
+        Self {
+            _tasks: Arc::new(tasks.into_iter().map(AbortOnDrop).collect()),
+        }
     }
+}
+
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The scheme of a URL: what comes before the first `:` (`sqlite`, `postgres`, `redis`, `memory`).
+pub(crate) fn scheme(url: &str) -> &str {
+    url.split(':').next().unwrap_or_default()
+}
+
+/// Opens the ledger and the idempotency store named by `config` and builds the router. The records
+/// go to `IDEM_STORE_URL` if set, else into the ledger's database on the ledger's pool; a sweeper
+/// purging records past retention runs as long as the router lives.
+pub async fn app(config: &Config) -> Result<Router, StartError> {
     let ledger = Ledger::open(&config.database_url).await?;
-    let store_url = config
-        .idem_store_url
-        .as_deref()
-        .unwrap_or(&config.database_url);
-    let engine = Engine::from_arc(store::store_from_url(store_url).await?);
+    let records = store::open(config.idem_store_url.as_deref(), &ledger).await?;
+    tracing::info!(records = %records.describe, "idempotency store ready");
+    let background = Background::own([tokio::spawn(records.sweeper.run())]);
     Ok(router(AppState {
-        engine,
+        engine: Engine::from_arc(records.store),
         ledger,
         latency: config.payment_latency,
+        background,
     }))
 }
 
@@ -161,15 +198,40 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The service, bound to its port and ready to [`run`](Self::run).
+#[derive(Debug)]
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    router: Router,
+}
+
+impl Server {
+    /// Opens the stores ([`app`]) and binds 127.0.0.1:`config.port` (`0`: a free port).
+    pub async fn bind(config: &Config) -> Result<Self, StartError> {
+        let router = app(config).await?;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
+        Ok(Self { listener, router })
+    }
+
+    /// The address the service listens on.
+    pub fn local_addr(&self) -> Result<SocketAddr, StartError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serves until Ctrl-C.
+    pub async fn run(self) -> Result<(), StartError> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok(())
+    }
+}
+
 /// Serves [`app`] on 127.0.0.1:`config.port` until Ctrl-C.
 pub async fn serve(config: Config) -> Result<(), StartError> {
-    let router = app(&config).await?;
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
-    tracing::info!("payments listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
-    Ok(())
+    let server = Server::bind(&config).await?;
+    tracing::info!("payments listening on http://{}", server.local_addr()?);
+    server.run().await
 }
