@@ -21,6 +21,7 @@ pub(crate) mod kw {
     syn::custom_keyword!(replay);
     syn::custom_keyword!(policy);
     syn::custom_keyword!(max_body);
+    syn::custom_keyword!(transaction);
 }
 
 /// Every option name, for "did you mean" on unknown ones.
@@ -36,6 +37,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "replay",
     "policy",
     "max_body",
+    "transaction",
 ];
 
 /// One option as written: `kw = value`.
@@ -58,6 +60,7 @@ pub(crate) struct Args {
     pub(crate) replay: Option<Opt<kw::replay>>,
     pub(crate) policy: Option<Opt<kw::policy>>,
     pub(crate) max_body: Option<Opt<kw::max_body>>,
+    pub(crate) transaction: Option<Opt<kw::transaction>>,
     /// Syntax errors, unknown and duplicate options.
     pub(crate) errors: Vec<syn::Error>,
 }
@@ -96,7 +99,7 @@ impl Args {
                 }
             )*};
         }
-        options!(scope ttl retain lease wait missing_key derive_window reject_after replay policy max_body);
+        options!(scope ttl retain lease wait missing_key derive_window reject_after replay policy max_body transaction);
         let mut error = lookahead.error();
         if let Ok(ident) = input.fork().call(syn::Ident::parse_any) {
             let name = ident.to_string();

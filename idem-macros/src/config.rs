@@ -14,7 +14,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Expr, FnArg, Ident, ItemFn, Lit, LitStr, Pat, Signature};
+use syn::{Expr, FnArg, Ident, ItemFn, Lit, LitStr, Pat, Signature, Type};
 
 const DEFAULT_TTL_MS: u64 = 24 * 3_600_000;
 const DEFAULT_DERIVE_WINDOW_MS: u64 = 10_000;
@@ -40,6 +40,8 @@ pub(crate) struct Config {
     pub(crate) reject_after_ms: Option<i64>,
     pub(crate) replay: Option<Replay>,
     pub(crate) max_body: Option<u64>,
+    /// `transaction = "<parameter>"`: the index of that parameter in the signature.
+    pub(crate) transaction: Option<usize>,
 }
 
 /// Where the scope id comes from.
@@ -106,6 +108,7 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         replay,
         policy,
         max_body,
+        transaction,
         errors: parse_errors,
     } = args;
     for e in parse_errors {
@@ -114,6 +117,9 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
 
     check_signature(&handler.sig, &mut errors);
     let scope = resolve_scope(scope.as_ref(), &handler.sig, &mut errors);
+    let transaction = transaction
+        .as_ref()
+        .and_then(|opt| resolve_transaction(opt, &handler.sig, scope.as_ref(), &mut errors));
 
     let ttl_ms = duration(ttl.as_ref(), "ttl", Range::TTL, &mut errors);
     let retain_ms = duration(retain.as_ref(), "retain", Range::TTL, &mut errors);
@@ -259,6 +265,7 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         reject_after_ms,
         replay: replay_value,
         max_body: max_body_value,
+        transaction,
     };
     errors.into_result(config)
 }
@@ -401,6 +408,108 @@ fn resolve_scope(
     };
     errors.at(&lit, message);
     None
+}
+
+/// The index of the parameter `transaction = "..."` names. Its type is checked by the compiler
+/// (the runtime's `TxHandle` trait, whose message lists the accepted types); here only what the
+/// compiler could not explain well: a name that is no parameter, a pattern, `ref`, a reference.
+fn resolve_transaction(
+    opt: &Opt<kw::transaction>,
+    sig: &Signature,
+    scope: Option<&ScopeSource>,
+    errors: &mut Errors,
+) -> Option<usize> {
+    let lit = string(opt, "transaction", "tx", errors)?;
+    let written = lit.value();
+    let wanted = written.strip_prefix("r#").unwrap_or(&written).to_string();
+    let fn_name = sig.ident.unraw();
+    let example = "`tx: idem_runtime::Tx<idem_runtime::sqlx::Postgres>` (or `Sqlite`)";
+    let found = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .find_map(|(i, arg)| match arg {
+            FnArg::Typed(pt) => match &*pt.pat {
+                Pat::Ident(pi) if pi.subpat.is_none() && pi.ident.unraw() == wanted => {
+                    Some((i, pi, pt))
+                }
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        });
+    let Some((index, pi, pt)) = found else {
+        let nested = sig.inputs.iter().any(|arg| match arg {
+            FnArg::Typed(pt) => binds(&pt.pat, &wanted),
+            FnArg::Receiver(_) => false,
+        });
+        let message = if nested {
+            format!(
+                "`{wanted}` is destructured from a parameter pattern of `{fn_name}`; `transaction` must name a parameter bound whole, like {example}"
+            )
+        } else {
+            let names: Vec<String> = sig
+                .inputs
+                .iter()
+                .filter_map(|arg| match arg {
+                    FnArg::Typed(pt) => match &*pt.pat {
+                        Pat::Ident(pi) if pi.subpat.is_none() => Some(pi.ident.unraw().to_string()),
+                        _ => None,
+                    },
+                    FnArg::Receiver(_) => None,
+                })
+                .collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            match values::closest(&wanted, &refs) {
+                Some(c) => format!("`{wanted}` is not a parameter of `{fn_name}`; did you mean `{c}`?"),
+                None => format!(
+                    "`{wanted}` is not a parameter of `{fn_name}`: add the transaction parameter, like {example}, and run the handler's queries on it"
+                ),
+            }
+        };
+        errors.at(&lit, message);
+        return None;
+    };
+    if let Some(ScopeSource::Param { ident, .. }) = scope {
+        if ident.unraw() == wanted {
+            errors.at(
+                &lit,
+                format!("`{wanted}` is already the `scope` parameter; the transaction needs a parameter of its own, like {example}"),
+            );
+            return None;
+        }
+    }
+    if pi.by_ref.is_some() {
+        errors.at(
+            &pt.pat,
+            "the `transaction` parameter must bind by value: remove `ref`",
+        );
+        return None;
+    }
+    if let Type::Reference(r) = &*pt.ty {
+        errors.at(
+            r,
+            format!(
+                "the `transaction` parameter takes the transaction by value: write `{}: {}` and run queries on `&mut *{}`",
+                pi.ident,
+                compact(&r.elem.to_token_stream().to_string()),
+                pi.ident
+            ),
+        );
+        return None;
+    }
+    Some(index)
+}
+
+/// A type as written, without the spaces `to_string` puts around `<`, `>` and `::`.
+fn compact(tokens: &str) -> String {
+    tokens
+        .replace(" :: ", "::")
+        .replace(":: ", "::")
+        .replace(" < ", "<")
+        .replace(" <", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
 }
 
 /// Whether `pat` binds `name` anywhere inside.

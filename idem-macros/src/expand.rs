@@ -33,6 +33,15 @@
 //! }
 //! ```
 //!
+//! With `transaction = "tx"` (a parameter `mut tx: Tx<Postgres>`), that parameter leaves the
+//! extractor list, the engine parameter becomes
+//! `__idem_engine: ::idem_runtime::__private::TxState<Tx<Postgres>>` (the `Transactional` engine
+//! from the state; `TxState<T>` requires `T: TxHandle`, so a wrong type is reported at the
+//! parameter's type), and the call becomes
+//! `::idem_runtime::__private::run_transactional(__idem_engine, &__IDEM_POLICY, __idem_scope,
+//! __idem_request, move |mut tx: Tx<Postgres>| async move { ... })`: the runtime claims the key in
+//! a transaction and only then calls the closure with it.
+//!
 //! Why each piece looks the way it does:
 //! - The scope id is copied out (`into_owned`) because the body is an `async move` block that may
 //!   move the scope parameter itself; a borrow could not live alongside it.
@@ -68,6 +77,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         reject_after_ms,
         replay,
         max_body,
+        transaction,
     } = config;
     let ItemFn {
         attrs,
@@ -140,6 +150,11 @@ pub(crate) fn expand(config: Config) -> TokenStream {
 
     // Parameters: the engine first, the last one wrapped so the body is buffered and captured.
     let mut inputs: Vec<FnArg> = sig.inputs.iter().cloned().collect();
+    // `transaction = "tx"`: that parameter is no extractor; the runtime hands it to the body.
+    let tx_param = transaction.and_then(|index| match inputs.remove(index) {
+        FnArg::Typed(pt) => Some(pt),
+        FnArg::Receiver(_) => None,
+    });
     let wrapped = match inputs.pop() {
         Some(FnArg::Typed(pt)) => {
             let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
@@ -205,20 +220,40 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         ident,
         ..
     } = &sig;
+    let (engine_ty, run) = match &tx_param {
+        None => (
+            quote_spanned!(def=> #p::EngineState),
+            quote_spanned!(def=> #p::run(#engine, &#policy_const, #scope_var, #request, async move {
+                let #ret: #ret_ty = #body;
+                #finish
+            })),
+        ),
+        Some(pt) => {
+            let (pat, ty) = (&pt.pat, &pt.ty);
+            // Spanned at the parameter's type, so that a type which is no idem transaction type
+            // is reported there (with `TxHandle`'s message), not at the attribute.
+            let ty_span = ty.span();
+            let state = quote_spanned!(ty_span=> ::idem_runtime::__private::TxState<#ty>);
+            let run = quote_spanned!(ty_span=> ::idem_runtime::__private::run_transactional);
+            (
+                state,
+                quote_spanned!(def=> #run(#engine, &#policy_const, #scope_var, #request, move |#pat: #ty| async move {
+                    let #ret: #ret_ty = #body;
+                    #finish
+                })),
+            )
+        }
+    };
     quote_spanned! {def=>
         #(#attrs)*
         #vis #constness #asyncness #unsafety #abi #fn_token #ident(
-            #engine: #p::EngineState,
+            #engine: #engine_ty,
             #(#inputs,)*
             #wrapped,
         ) -> #p::Response {
             const #policy_const: #p::Policy = #policy;
             #scope_let
-            #p::run(#engine, &#policy_const, #scope_var, #request, async move {
-                let #ret: #ret_ty = #body;
-                #finish
-            })
-            .await
+            #run.await
         }
     }
 }

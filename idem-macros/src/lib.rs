@@ -82,6 +82,7 @@ use proc_macro::TokenStream;
 /// | `replay` | `"full"`, `"minimal"` | `"full"` |
 /// | `max_body` | size: `"<n>B"`, `"KiB"`, `"MiB"`, `"GiB"`, > 0, ≤ `"1GiB"` | `"1MiB"` |
 /// | `policy` | path of a `const` [`Policy`] | `Policy::new()` |
+/// | `transaction` | a parameter name, of type `idem_runtime::Tx<Postgres>` or `Tx<Sqlite>` | none |
 ///
 /// **Durations** are one whole number and one unit, no spaces: `s`, `m`, `h`, `d` (`"90s"`,
 /// `"15m"`, `"24h"`, `"7d"`). `lease` and `wait` also take `ms` (`"250ms"`), as sub-second values
@@ -214,6 +215,56 @@ use proc_macro::TokenStream;
 /// among the options it was given) with more precise messages; the rest falls to `checked()`.
 /// Without `policy`, unset options take [`Policy::new`]'s defaults.
 ///
+/// ## `transaction = "<parameter>"`: exactly once, in the application's transaction
+///
+/// Names a parameter of type `idem_runtime::Tx<Postgres>` or `Tx<Sqlite>` (from
+/// `idem_runtime::sqlx`). That parameter is no extractor: idem opens a transaction on the store's
+/// pool, claims the key *inside it*, hands it to the handler for its own writes (`&mut *tx`), then
+/// writes the response into the record and commits. The business writes, the claim and the stored
+/// response commit together or not at all, so a crash at any point never loses nor repeats the
+/// effect, and no extra commit is paid. A 5xx, a panic or a cancelled request rolls everything
+/// back; a failed commit answers 503 instead of the handler's response. Identical requests arriving
+/// meanwhile wait on the key (up to `wait`), then replay. Replays, mismatches and expired keys are
+/// answered from a plain read and never open a transaction. See `idem_runtime::transaction`.
+///
+/// The router state must provide the store's `idem_runtime::Transactional` engine (`FromRef`),
+/// which the application's tables share with idem's records (same database). A state without it
+/// does not compile: the route reports that the handler, whose first parameter is then
+/// `TxState<Tx<...>>`, is not a `Handler` for that state. A `Tx` parameter without the
+/// `transaction` option does not compile either (`Tx` is no extractor), and a parameter of
+/// another type is reported at its type: "`...` is not an idem transaction type".
+///
+/// ```
+/// # use idem_runtime::idempotent;
+/// # struct AuthUser { id: String } impl idem_runtime::axum::Scope for AuthUser { fn scope_id(&self) -> std::borrow::Cow<'_, str> { std::borrow::Cow::Borrowed(&self.id) } }
+/// # impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AuthUser { type Rejection = (); async fn from_request_parts(_: &mut axum::http::request::Parts, _: &S) -> Result<Self, ()> { Ok(AuthUser { id: "u".into() }) } }
+/// use axum::extract::FromRef;
+/// use axum::http::StatusCode;
+/// use idem_runtime::sqlx::{self, Sqlite};
+/// use idem_runtime::store::sqlite::SqliteStore;
+/// use idem_runtime::{Engine, Transactional, Tx};
+///
+/// #[derive(Clone, FromRef)]
+/// struct App {
+///     engine: Engine,                      // for the other idempotent handlers
+///     txn: Transactional<SqliteStore>,     // for the transactional ones
+/// }
+///
+/// #[idempotent(scope = "user", transaction = "tx")]
+/// async fn create_payment(user: AuthUser, mut tx: Tx<Sqlite>, body: String) -> StatusCode {
+///     let written = sqlx::query("INSERT INTO payments (owner, body) VALUES (?, ?)")
+///         .bind(&user.id)
+///         .bind(&body)
+///         .execute(&mut *tx)
+///         .await;
+///     match written {
+///         Ok(_) => StatusCode::CREATED,
+///         Err(_) => StatusCode::INTERNAL_SERVER_ERROR, // 5xx: rolled back, a retry runs again
+///     }
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/", axum::routing::post(create_payment));
+/// ```
+///
 /// # What the handler becomes
 ///
 /// The attribute adds a first parameter that takes the [`Engine`] from the router state (so the
@@ -226,6 +277,10 @@ use proc_macro::TokenStream;
 /// "expected `Engine`, found `AppState`" at `.with_state(...)`, or "expected
 /// `MethodRouter<AppState>`, found `MethodRouter<Engine>`" at `.route(...)` when the router's
 /// type is written out. The fix is `impl FromRef<AppState> for Engine`.
+///
+/// With `transaction`, the added parameter takes the `Transactional` engine instead (its type is
+/// chosen by the transaction parameter's type, whose check points at that type), and the
+/// transaction parameter is removed from the extractors.
 ///
 /// Handlers must be `async fn`, must not take `self`, must not be generic and take at most 15
 /// parameters (axum's limit of 16 extractors, minus the engine). Other attributes (doc comments,

@@ -197,7 +197,17 @@ impl Engine {
         &self.inner.metrics
     }
 
-    fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
+    /// The bound on each store call, if any.
+    pub(crate) fn store_timeout(&self) -> Option<Duration> {
+        self.inner.store_timeout
+    }
+
+    /// The `Retry-After` hint for an unavailable store.
+    pub(crate) fn unavailable_retry_after(&self) -> Duration {
+        self.inner.unavailable_retry_after
+    }
+
+    pub(crate) fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
         self.inner.metrics.record(outcome);
         match outcome {
             Outcome::Executed | Outcome::Replayed | Outcome::Waited => tracing::debug!(
@@ -215,7 +225,7 @@ impl Engine {
         }
     }
 
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -228,7 +238,12 @@ impl Engine {
         }
     }
 
-    fn unavailable(&self, source: StoreError, key: &RecordKey, policy: &Policy) -> Rejection {
+    pub(crate) fn unavailable(
+        &self,
+        source: StoreError,
+        key: &RecordKey,
+        policy: &Policy,
+    ) -> Rejection {
         self.record(Outcome::Unavailable, key, policy);
         tracing::warn!(target: "idem", error = %source, "idempotency store call failed");
         Rejection::Unavailable {
@@ -333,7 +348,7 @@ impl Engine {
     }
 }
 
-enum Found {
+pub(crate) enum Found {
     Expired {
         expires_at: Timestamp,
     },
@@ -352,7 +367,7 @@ enum Found {
 /// The order matters: an expired key is dead whatever it held; a different request never sees the
 /// original's response or waits for it. Takes the record by value so that a replay moves the stored
 /// response out instead of copying it (its headers are owned strings).
-fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
+pub(crate) fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
     let expires_at = record.expires_at;
     if now >= expires_at {
         Found::Expired { expires_at }

@@ -8,6 +8,8 @@
 //! - [`store`] holds the storage contract and its backends (memory, SQLite, PostgreSQL, Redis).
 //! - [`Policy`] states ttl, lease, wait, what to do without a key, and what a replay returns.
 //! - [`sweeper::Sweeper`] purges records past retention in batches.
+//! - [`transaction`] (PostgreSQL, SQLite) claims inside the application's own transaction, so that
+//!   the effect and its stored response commit together: exactly once, even across crashes.
 //! - `client` (feature `client`) is the caller's half: a retrying reqwest client that sends one key
 //!   per logical request and retries only where a retry can help.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -28,6 +30,9 @@ pub mod policy;
 pub mod record;
 pub mod store;
 pub mod sweeper;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod transaction;
 mod waiters;
 
 pub use engine::{Begin, ClaimGuard, Engine, Rejection, Replay};
@@ -36,6 +41,9 @@ pub use key::{IdempotencyKey, KeyError};
 pub use policy::Policy;
 pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 pub use store::{Store, StoreError, StoreErrorKind};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use transaction::{Transactional, Tx};
 
 /// The sqlx that idem's SQL stores are built on, so that an application names the same version
 /// (for its pool, its migrator and its queries).

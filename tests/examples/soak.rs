@@ -225,6 +225,8 @@ async fn soak<S: Store + Purge>(
         latency: Duration::from_millis(2),
         // The soak runs its own sweeper, on the clock it moves.
         background: payments::Background::default(),
+        // The records are in the store under test, not in the ledger's database: the ordinary path.
+        transactional: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -2,5 +2,6 @@
 //! reaching the PostgreSQL and Redis services the tests need.
 
 pub mod conformance;
+pub mod postgres_db;
 pub mod proxy;
 pub mod services;

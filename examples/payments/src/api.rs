@@ -8,7 +8,8 @@ use axum::http::header::LOCATION;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use idem_runtime::idempotent;
+use idem_runtime::sqlx::{Postgres, Sqlite};
+use idem_runtime::{idempotent, Tx};
 use serde::Deserialize;
 
 /// A payment request.
@@ -32,6 +33,70 @@ pub(crate) async fn create_payment(
     Json(req): Json<NewPayment>,
 ) -> Response {
     capture(&app, &user, req).await
+}
+
+/// `POST /payments` in transactional mode, when the records share the ledger's SQLite file: the
+/// key is claimed in the transaction that inserts the payment and stores the 201, so a crash at any
+/// point leaves either all three or none (a retry then charges once, or replays).
+#[idempotent(
+    scope = "user",
+    ttl = "24h",
+    missing_key = "reject",
+    max_body = "64KiB",
+    transaction = "tx"
+)]
+pub(crate) async fn create_payment_in_sqlite(
+    State(app): State<AppState>,
+    user: AuthUser,
+    mut tx: Tx<Sqlite>,
+    Json(req): Json<NewPayment>,
+) -> Response {
+    let payment = match prepare(&app, req).await {
+        Ok(payment) => payment,
+        Err(response) => return response,
+    };
+    match crate::ledger::sqlite::insert(&mut *tx, &user.id, &payment).await {
+        Ok(()) => created(payment),
+        Err(e) => internal(&e),
+    }
+}
+
+/// `POST /payments` in transactional mode on PostgreSQL (see [`create_payment_in_sqlite`]).
+#[idempotent(
+    scope = "user",
+    ttl = "24h",
+    missing_key = "reject",
+    max_body = "64KiB",
+    transaction = "tx"
+)]
+pub(crate) async fn create_payment_in_postgres(
+    State(app): State<AppState>,
+    user: AuthUser,
+    mut tx: Tx<Postgres>,
+    Json(req): Json<NewPayment>,
+) -> Response {
+    let payment = match prepare(&app, req).await {
+        Ok(payment) => payment,
+        Err(response) => return response,
+    };
+    match crate::ledger::postgres::insert(&mut *tx, &user.id, &payment).await {
+        Ok(()) => created(payment),
+        Err(e) => internal(&e),
+    }
+}
+
+/// Validates the request and charges the card (simulated): the payment to record.
+async fn prepare(app: &AppState, req: NewPayment) -> Result<Payment, Response> {
+    if req.amount <= 0 {
+        return Err(invalid("`amount` must be a positive number of minor units"));
+    }
+    if req.currency.len() != 3 || !req.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(invalid(
+            "`currency` must be an ISO 4217 code such as \"KRW\"",
+        ));
+    }
+    card_network(app).await;
+    Ok(Payment::captured(req.amount, &req.currency))
 }
 
 /// `POST /legacy/payments`: old app versions send no key; a double tap (the same request within

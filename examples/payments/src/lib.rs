@@ -39,7 +39,10 @@ pub mod store;
 use axum::extract::FromRef;
 use axum::routing::{get, post};
 use axum::Router;
-use idem_runtime::Engine;
+use idem_runtime::store::postgres::PostgresStore;
+use idem_runtime::store::sqlite::SqliteStore;
+use idem_runtime::transaction::TransactionalStore;
+use idem_runtime::{Engine, Transactional};
 use ledger::Ledger;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -137,6 +140,46 @@ pub struct AppState {
     /// The background tasks (the sweeper); they stop when the last clone of the state is dropped.
     #[from_ref(skip)]
     pub background: Background,
+    /// Set when the records share the ledger's database: `POST /payments` then runs in
+    /// transactional mode (the payment, the claim and the stored response commit together).
+    #[from_ref(skip)]
+    pub transactional: Option<Txn>,
+}
+
+/// The transactional engine over the store that shares the ledger's database.
+#[derive(Debug, Clone)]
+pub enum Txn {
+    /// Ledger and records in one SQLite file.
+    Sqlite(Transactional<SqliteStore>),
+    /// Ledger and records in one PostgreSQL database.
+    Postgres(Transactional<PostgresStore>),
+}
+
+/// The state of `POST /payments` in transactional mode: the app's, plus the transactional engine.
+pub(crate) struct TxState<S: TransactionalStore> {
+    txn: Transactional<S>,
+    app: AppState,
+}
+
+impl<S: TransactionalStore> Clone for TxState<S> {
+    fn clone(&self) -> Self {
+        Self {
+            txn: self.txn.clone(),
+            app: self.app.clone(),
+        }
+    }
+}
+
+impl<S: TransactionalStore> FromRef<TxState<S>> for Transactional<S> {
+    fn from_ref(state: &TxState<S>) -> Self {
+        state.txn.clone()
+    }
+}
+
+impl<S: TransactionalStore> FromRef<TxState<S>> for AppState {
+    fn from_ref(state: &TxState<S>) -> Self {
+        state.app.clone()
+    }
 }
 
 /// Background tasks owned by the state: aborted when the last clone is dropped, so that a router
@@ -177,21 +220,44 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
     let records = store::open(config.idem_store_url.as_deref(), &ledger).await?;
     tracing::info!(records = %records.describe, "idempotency store ready");
     let background = Background::own([tokio::spawn(records.sweeper.run())]);
+    let engine = Engine::from_arc(records.store);
+    let transactional = match records.shared {
+        Some(store::SharedStore::Sqlite(store)) => Some(Txn::Sqlite(
+            Transactional::new(engine.clone(), store)
+                .map_err(|e| StartError::Store(e.to_string()))?,
+        )),
+        Some(store::SharedStore::Postgres(store)) => Some(Txn::Postgres(
+            Transactional::new(engine.clone(), store)
+                .map_err(|e| StartError::Store(e.to_string()))?,
+        )),
+        None => None,
+    };
     Ok(router(AppState {
-        engine: Engine::from_arc(records.store),
+        engine,
         ledger,
         latency: config.payment_latency,
         background,
+        transactional,
     }))
 }
 
 /// The routes over `state`.
 pub fn router(state: AppState) -> Router {
+    // With the records in the ledger's database, the create claims its key in the transaction that
+    // writes the payment; otherwise (IDEM_STORE_URL elsewhere) it is idempotent the default way.
+    let create = match &state.transactional {
+        Some(Txn::Sqlite(txn)) => post(api::create_payment_in_sqlite).with_state(TxState {
+            txn: txn.clone(),
+            app: state.clone(),
+        }),
+        Some(Txn::Postgres(txn)) => post(api::create_payment_in_postgres).with_state(TxState {
+            txn: txn.clone(),
+            app: state.clone(),
+        }),
+        None => post(api::create_payment),
+    };
     Router::new()
-        .route(
-            "/payments",
-            post(api::create_payment).get(api::list_payments),
-        )
+        .route("/payments", create.get(api::list_payments))
         .route("/payments/{id}", get(api::get_payment))
         .route("/payments/{id}/refund", post(api::refund_payment))
         .route("/legacy/payments", post(api::create_legacy_payment))

@@ -38,6 +38,18 @@ pub struct Records {
     /// Whether the records live in the ledger's database, on the ledger's pool (`IDEM_STORE_URL`
     /// unset): then a handler can write its ledger rows and the record in one transaction.
     pub shares_ledger_database: bool,
+    /// The store itself when it shares the ledger's database, for transactional mode.
+    pub shared: Option<SharedStore>,
+}
+
+/// The idempotency store in the ledger's own database, by type: `POST /payments` then claims its
+/// key in the transaction that writes the payment (see `idem_runtime::transaction`).
+#[derive(Debug, Clone)]
+pub enum SharedStore {
+    /// Both in one SQLite file.
+    Sqlite(Arc<SqliteStore>),
+    /// Both in one PostgreSQL database.
+    Postgres(Arc<PostgresStore>),
 }
 
 impl std::fmt::Debug for Records {
@@ -52,21 +64,32 @@ impl std::fmt::Debug for Records {
 /// on the ledger's pool.
 pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Records, StartError> {
     let Some(url) = idem_store_url else {
-        let mut records = match ledger.database() {
-            Database::Sqlite(pool) => records(
-                SqliteStore::from_pool(pool.clone())
-                    .await
-                    .map_err(|e| shared_error("SQLite", e))?,
-                "SQLite, in the ledger's database",
-            ),
-            Database::Postgres(pool) => records(
-                PostgresStore::from_pool(pool.clone())
-                    .await
-                    .map_err(|e| shared_error("PostgreSQL", e))?,
-                "PostgreSQL, in the ledger's database",
-            ),
+        let (mut records, shared) = match ledger.database() {
+            Database::Sqlite(pool) => {
+                let store = Arc::new(
+                    SqliteStore::from_pool(pool.clone())
+                        .await
+                        .map_err(|e| shared_error("SQLite", e))?,
+                );
+                (
+                    records_arc(store.clone(), "SQLite, in the ledger's database"),
+                    SharedStore::Sqlite(store),
+                )
+            }
+            Database::Postgres(pool) => {
+                let store = Arc::new(
+                    PostgresStore::from_pool(pool.clone())
+                        .await
+                        .map_err(|e| shared_error("PostgreSQL", e))?,
+                );
+                (
+                    records_arc(store.clone(), "PostgreSQL, in the ledger's database"),
+                    SharedStore::Postgres(store),
+                )
+            }
         };
         records.shares_ledger_database = true;
+        records.shared = Some(shared);
         return Ok(records);
     };
     match crate::scheme(url) {
@@ -118,12 +141,16 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
 }
 
 fn records<S: Store + Purge>(store: S, describe: &str) -> Records {
-    let store = Arc::new(store);
+    records_arc(Arc::new(store), describe)
+}
+
+fn records_arc<S: Store + Purge>(store: Arc<S>, describe: &str) -> Records {
     Records {
         sweeper: Sweeper::new(store.clone()).interval(SWEEP_EVERY),
         store,
         describe: describe.to_owned(),
         shares_ledger_database: false,
+        shared: None,
     }
 }
 

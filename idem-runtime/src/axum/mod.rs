@@ -65,6 +65,16 @@
 //!    handler again. A panic or a cancelled request releases it too. Any other status (2xx, 3xx and
 //!    4xx alike) is stored and replayed to every retry.
 //!
+//! # Transactional mode
+//!
+//! With `#[idempotent(transaction = "tx")]` and a handler parameter `tx: Tx<Postgres>` (or
+//! `Tx<Sqlite>`), step 4 runs inside one database transaction: the key is claimed in it, the handler
+//! writes through `tx`, and the response is stored in it before it commits. A 5xx, a panic or a
+//! cancellation rolls everything back; a failed commit answers 503 (`store-unavailable`) instead
+//! of the handler's response. The router state provides the store's
+//! [`Transactional`](crate::transaction::Transactional) engine through `FromRef`. See
+//! [`transaction`](crate::transaction) for the guarantees.
+//!
 //! # Headers
 //!
 //! | header | on | value |

@@ -143,3 +143,50 @@ where
 {
     super::run::run(&engine.0, policy, scope.into_owned(), request, handler).await
 }
+
+/// Extracts the [`Transactional`](crate::transaction::Transactional) engine for a handler whose
+/// transaction parameter has type `T` from the router state, so that a router whose state holds
+/// none fails to compile. `T` must be an idem transaction type.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub struct TxState<T: crate::transaction::TxHandle>(
+    pub crate::transaction::Transactional<T::Store>,
+);
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<T: crate::transaction::TxHandle> std::fmt::Debug for TxState<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TxState").field(&self.0).finish()
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<S, T> FromRequestParts<S> for TxState<T>
+where
+    T: crate::transaction::TxHandle,
+    crate::transaction::Transactional<T::Store>: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(_parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(crate::transaction::Transactional::from_ref(state)))
+    }
+}
+
+/// [`run`] in transactional mode: `handler` receives the transaction the key was claimed in.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn run_transactional<T, F, Fut, R>(
+    txn: TxState<T>,
+    policy: &'static Policy,
+    scope: Cow<'_, str>,
+    request: RequestContext,
+    handler: F,
+) -> Response
+where
+    T: crate::transaction::TxHandle,
+    F: FnOnce(T) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    super::run::run_transactional(&txn.0, policy, scope.into_owned(), request, handler).await
+}

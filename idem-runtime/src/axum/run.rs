@@ -9,6 +9,10 @@
 //! 3. Execute: the handler runs. A 5xx releases the key so that a retry runs again; anything else is
 //!    stored and the key completed. If the handler panics or the request is cancelled, the claim's
 //!    guard releases the key as it is dropped.
+//!
+//! In transactional mode ([`run_transactional`]) step 3 runs inside the transaction the key was
+//! claimed in: a 5xx, panic or cancellation rolls it back, anything else is stored in it and
+//! committed, and a failed commit answers 503 instead of the handler's response.
 
 use super::private::RequestContext;
 use super::problem::{Problem, ProblemType};
@@ -21,6 +25,8 @@ use crate::metrics::Outcome;
 use crate::policy::{MissingKey, Policy};
 use crate::record::RecordKey;
 use crate::store::StoreErrorKind;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::transaction::{Transactional, TxBegin, TxClaim, TxHandle};
 use ::axum::http::HeaderValue;
 use ::axum::response::{IntoResponse, Response};
 use std::future::Future;
@@ -35,6 +41,50 @@ enum KeyDecision {
     Pass,
 }
 
+/// What a request amounts to once its key is read.
+enum Keyed {
+    /// Protected under this record key, with this policy (the derive-window policy for a derived key).
+    Key(RecordKey, Fingerprint, Policy),
+    /// Run unprotected.
+    Pass,
+    /// Answered already: a malformed key, or none where one is required.
+    Answered(Response),
+}
+
+/// Fingerprints the request and reads its key; answers with a problem if the key is malformed or
+/// missing where required.
+fn keyed(
+    engine: &Engine,
+    policy: &'static Policy,
+    scope: String,
+    request: RequestContext,
+) -> Keyed {
+    let fingerprint = Fingerprint::of_request(
+        request.method.as_str(),
+        &request.path,
+        request.content_type.as_deref(),
+        &request.body,
+    );
+    // The handler holds its own reference to the body; the fingerprint was all this copy was for.
+    drop(request.body);
+    match decide_key(engine, policy, &scope, &request.keys, fingerprint) {
+        Ok(KeyDecision::Given(key)) => {
+            Keyed::Key(RecordKey::new(scope, key.as_str()), fingerprint, *policy)
+        }
+        // The derived key lives for the window only and leaves no tombstone: after the window,
+        // the same request is a new request, not an expired key.
+        Ok(KeyDecision::Derived(key)) => Keyed::Key(
+            RecordKey::new(scope, key),
+            fingerprint,
+            policy
+                .ttl(policy.derive_window)
+                .retain(policy.derive_window),
+        ),
+        Ok(KeyDecision::Pass) => Keyed::Pass,
+        Err(problem) => Keyed::Answered(problem.into_response()),
+    }
+}
+
 pub(crate) async fn run<F, R>(
     engine: &Engine,
     policy: &'static Policy,
@@ -46,36 +96,140 @@ where
     F: Future<Output = R>,
     R: IntoResponse,
 {
-    let fingerprint = Fingerprint::of_request(
-        request.method.as_str(),
-        &request.path,
-        request.content_type.as_deref(),
-        &request.body,
-    );
-    // The handler holds its own reference to the body; the fingerprint was all this copy was for.
-    drop(request.body);
-    let derived_policy;
-    let (key, policy) = match decide_key(engine, policy, &scope, &request.keys, fingerprint) {
-        Ok(KeyDecision::Given(key)) => (key.as_str().to_owned(), policy),
-        Ok(KeyDecision::Derived(key)) => {
-            // The derived key lives for the window only and leaves no tombstone: after the window,
-            // the same request is a new request, not an expired key.
-            derived_policy = policy
-                .ttl(policy.derive_window)
-                .retain(policy.derive_window);
-            (key, &derived_policy)
-        }
-        Ok(KeyDecision::Pass) => return handler.await.into_response(),
-        Err(problem) => return problem.into_response(),
+    let (key, fingerprint, policy) = match keyed(engine, policy, scope, request) {
+        Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
+        Keyed::Pass => return handler.await.into_response(),
+        Keyed::Answered(response) => return response,
     };
-    match engine
-        .begin(RecordKey::new(scope, key), fingerprint, policy)
-        .await
-    {
-        Ok(Begin::Execute(claim)) => execute(claim, policy, handler).await,
+    match engine.begin(key, fingerprint, &policy).await {
+        Ok(Begin::Execute(claim)) => execute(claim, &policy, handler).await,
         Ok(Begin::Replay(replay)) => respond::replay(&replay.response, replay.expires_at),
         Err(rejection) => problem_for(rejection).into_response(),
     }
+}
+
+/// [`run`] in transactional mode: the handler gets the transaction the key is claimed in, and the
+/// response is stored in it before it commits. See [`crate::transaction`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn run_transactional<T, F, Fut, R>(
+    txn: &Transactional<T::Store>,
+    policy: &'static Policy,
+    scope: String,
+    request: RequestContext,
+    handler: F,
+) -> Response
+where
+    T: TxHandle,
+    F: FnOnce(T) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    let engine = txn.engine();
+    let (key, fingerprint, policy) = match keyed(engine, policy, scope, request) {
+        Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
+        Keyed::Pass => return pass_transactional(txn, policy, handler).await,
+        Keyed::Answered(response) => return response,
+    };
+    match txn.begin(key, fingerprint, &policy).await {
+        Ok(TxBegin::Execute(claim)) => execute_transactional(engine, claim, &policy, handler).await,
+        Ok(TxBegin::Replay(replay)) => respond::replay(&replay.response, replay.expires_at),
+        Err(rejection) => problem_for(rejection).into_response(),
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn execute_transactional<T, F, Fut, R>(
+    engine: &Engine,
+    mut claim: TxClaim<T::Store>,
+    policy: &Policy,
+    handler: F,
+) -> Response
+where
+    T: TxHandle,
+    F: FnOnce(T) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    // A panic or a cancellation drops `claim` and the lent transaction: both roll back.
+    let (tx, lent) = claim.tx().lend();
+    let response = handler(T::from_tx(tx)).await.into_response();
+    if !lent.restore(claim.tx()) {
+        return kept_transaction(policy);
+    }
+    if response.status().is_server_error() {
+        if let Err(error) = claim.rollback().await {
+            tracing::debug!(target: "idem", handler = policy.handler, %error,
+                "rollback after a server error failed; the connection is discarded");
+        }
+        return response;
+    }
+    let expires_at = claim.expires_at();
+    let (stored, mut response) = respond::capture(response, policy).await;
+    match claim.complete(&stored).await {
+        Ok(()) => {
+            respond::set_expires(response.headers_mut(), expires_at);
+            response
+        }
+        // Nothing was committed: the client must not see the handler's success.
+        Err(_) => not_committed(engine),
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn pass_transactional<T, F, Fut, R>(
+    txn: &Transactional<T::Store>,
+    policy: &'static Policy,
+    handler: F,
+) -> Response
+where
+    T: TxHandle,
+    F: FnOnce(T) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    let mut open = match txn.open_unprotected(policy).await {
+        Ok(open) => open,
+        Err(error) => {
+            tracing::warn!(target: "idem", handler = policy.handler, %error,
+                "could not open a transaction for a request without a key");
+            return not_committed(txn.engine());
+        }
+    };
+    let (tx, lent) = open.tx.lend();
+    let response = handler(T::from_tx(tx)).await.into_response();
+    if !lent.restore(&mut open.tx) {
+        return kept_transaction(policy);
+    }
+    if response.status().is_server_error() {
+        return response; // dropping `open` rolls back
+    }
+    match open.commit().await {
+        Ok(()) => response,
+        Err(error) => {
+            tracing::warn!(target: "idem", handler = policy.handler, %error,
+                "could not commit a request without a key");
+            not_committed(txn.engine())
+        }
+    }
+}
+
+/// The handler moved its transaction somewhere that outlives it (a spawned task): idem cannot
+/// commit what it does not hold, so the request fails and the transaction rolls back when dropped.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn kept_transaction(policy: &Policy) -> Response {
+    tracing::error!(target: "idem", handler = policy.handler,
+        "the handler kept its idem transaction past its end; nothing was committed");
+    ::axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn not_committed(engine: &Engine) -> Response {
+    Problem::new(
+        ProblemType::StoreUnavailable,
+        "The request's changes could not be committed, so nothing was done. Retry with the same key after Retry-After seconds.",
+    )
+    .retry_after(engine.unavailable_retry_after())
+    .into_response()
 }
 
 fn decide_key(

@@ -69,6 +69,7 @@ use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
@@ -444,7 +445,76 @@ impl Purge for PostgresStore {
     }
 }
 
-/// The statements, on any connection: a pool's, or (later) one inside the caller's transaction.
+/// Where a transactional claim keeps the session's `lock_timeout` while it waits with its own.
+const SAVED_LOCK_TIMEOUT: &str = "idem.outer_lock_timeout";
+
+/// Gives the transaction back the session's `lock_timeout` once the claim holds the key.
+const RESTORE_LOCK_TIMEOUT: &str =
+    "SELECT set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true)";
+
+impl crate::transaction::sealed::Sealed for PostgresStore {}
+
+/// Transactional mode (see [`crate::transaction`]): the claim blocks on the primary key while an
+/// identical request's transaction runs, for at most the policy's `wait` (`SET LOCAL lock_timeout`,
+/// set with the `BEGIN` in one round trip and restored after the claim).
+#[async_trait::async_trait]
+impl TransactionalStore for PostgresStore {
+    type Database = sqlx::Postgres;
+
+    async fn open(&self, wait: Duration) -> Result<OpenTx<sqlx::Postgres>, TxFailure> {
+        // A lock_timeout of 0 means no limit: wait at least 1 ms.
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+        let begin = format!(
+            "BEGIN; SELECT set_config('{SAVED_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); SET LOCAL lock_timeout = {ms}"
+        );
+        let tx = self
+            .pool
+            .begin_with(begin)
+            .await
+            .map_err(|e| TxFailure::Store(StoreError::unavailable(e)))?;
+        Ok(OpenTx { tx, gate: None })
+    }
+
+    async fn claim_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        claim: &Claim<'_>,
+    ) -> Result<ClaimOutcome, TxFailure> {
+        let outcome = ops::claim(tx, claim)
+            .await
+            .map_err(|e| match db_code(&e).as_deref() {
+                // lock_not_available: the identical request's transaction outlasted the wait.
+                Some("55P03") => TxFailure::Busy,
+                // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
+                Some("40001") => TxFailure::Retry,
+                _ => TxFailure::Store(e),
+            })?;
+        if let ClaimOutcome::Claimed { .. } = outcome {
+            sqlx::query(RESTORE_LOCK_TIMEOUT)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| TxFailure::Store(StoreError::unavailable(e)))?;
+        }
+        Ok(outcome)
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        // The NOTIFY it sends is delivered at the commit, to non-transactional waiters elsewhere.
+        ops::complete(tx, key, token, response).await
+    }
+
+    fn committed(&self, key: &RecordKey) {
+        self.waiters.notify(key);
+    }
+}
+
+/// The statements, on any connection: a pool's, or one inside the caller's transaction (transactional mode).
 mod ops {
     use super::*;
 

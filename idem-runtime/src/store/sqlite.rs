@@ -71,6 +71,7 @@ use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -180,7 +181,8 @@ struct Shared {
     waiters: Waiters,
     /// Serialises idem's writes in this process, fairly, instead of letting them race for SQLite's
     /// lock and back off in its busy handler (which sleeps in growing steps).
-    write_gate: tokio::sync::Mutex<()>,
+    /// Shared (`Arc`) so that a transactional claim can hold it until its transaction ends.
+    write_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The shared state of each open database file, by canonical path (in-memory databases by their
@@ -447,6 +449,105 @@ impl Store for SqliteStore {
     /// process; not on those of another process (see the [module documentation](self)).
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.shared.waiters.subscribe(key)
+    }
+}
+
+impl crate::transaction::sealed::Sealed for SqliteStore {}
+
+/// Transactional mode (see [`crate::transaction`]): `BEGIN IMMEDIATE` after the store's write gate,
+/// which the transaction holds until it ends, so identical requests in this process queue fairly
+/// (bounded by the policy's `wait`) instead of sleeping in SQLite's busy handler.
+#[async_trait::async_trait]
+impl TransactionalStore for SqliteStore {
+    type Database = sqlx::Sqlite;
+
+    async fn open(&self, wait: Duration) -> Result<OpenTx<sqlx::Sqlite>, TxFailure> {
+        let gate = tokio::time::timeout(wait, self.shared.write_gate.clone().lock_owned())
+            .await
+            .map_err(|_| TxFailure::Busy)?;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| {
+            let e = StoreError::unavailable(e);
+            // SQLITE_BUSY: another process kept the write lock past the busy timeout.
+            match db_code(&e).as_deref() {
+                Some("5") => TxFailure::Busy,
+                _ => TxFailure::Store(e),
+            }
+        })?;
+        Ok(OpenTx {
+            tx,
+            gate: Some(gate),
+        })
+    }
+
+    async fn claim_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        claim: &Claim<'_>,
+    ) -> Result<ClaimOutcome, TxFailure> {
+        let store = |e| TxFailure::Store(StoreError::unavailable(e));
+        let won = sqlx::query(CLAIM)
+            .bind(&claim.key.scope)
+            .bind(&claim.key.key)
+            .bind(&claim.fingerprint.0[..])
+            .bind(claim.token.0)
+            .bind(claim.now.as_millis())
+            .bind(claim.expires_at.as_millis())
+            .bind(claim.retain_until.as_millis())
+            .bind(claim.lease_until.as_millis())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(store)?;
+        if let Some(row) = won {
+            let takeovers: i64 = row
+                .try_get("takeovers")
+                .map_err(|e| TxFailure::Store(StoreError::corrupt(e)))?;
+            return Ok(ClaimOutcome::Claimed {
+                taken_over: takeovers > 0,
+            });
+        }
+        // The record stood; this transaction holds the write lock, so it is still there.
+        let row = sqlx::query(SELECT)
+            .bind(&claim.key.scope)
+            .bind(&claim.key.key)
+            .bind(claim.now.as_millis())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(store)?;
+        match row {
+            Some(row) => decode(&row)
+                .map(ClaimOutcome::Existing)
+                .map_err(TxFailure::Store),
+            None => Err(TxFailure::Store(corrupt(
+                "a record that refused a claim vanished under the write lock",
+            ))),
+        }
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(COMPLETE)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token.0)
+            .bind(i64::from(response.status))
+            .bind(response.encode_headers())
+            .bind(&response.body[..])
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::unavailable)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::fenced());
+        }
+        Ok(())
+    }
+
+    fn committed(&self, key: &RecordKey) {
+        self.shared.waiters.notify(key);
     }
 }
 
