@@ -2,6 +2,5 @@
 //! reaching the PostgreSQL and Redis services the tests need.
 
 pub mod conformance;
-pub mod postgres_db;
 pub mod proxy;
 pub mod services;

@@ -9,7 +9,7 @@
 //!   stored response and the ledger still holds one row.
 
 use idem_runtime::sqlx::{self, postgres::PgPool, sqlite::SqlitePool};
-use idem_tests::postgres_db::TestDatabase;
+use idem_tests::services::TestDb;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
@@ -152,7 +152,7 @@ async fn sqlite_rows(url: &str) -> i64 {
     n
 }
 
-async fn postgres_rows(db: &TestDatabase) -> i64 {
+async fn postgres_rows(db: &TestDb) -> i64 {
     let pool = PgPool::connect_with(db.options()).await.expect("connect");
     let n = sqlx::query_scalar("SELECT count(*) FROM ledger")
         .fetch_one(&pool)
@@ -178,7 +178,7 @@ async fn sqlite_killed_after_commit_the_retry_replays() {
 
 #[tokio::test]
 async fn postgres_killed_before_commit_the_retry_executes_once() {
-    let Some(db) = TestDatabase::create().await else {
+    let Some(db) = TestDb::create().await else {
         return;
     };
     let url = db.url();
@@ -187,7 +187,7 @@ async fn postgres_killed_before_commit_the_retry_executes_once() {
 
 #[tokio::test]
 async fn postgres_killed_after_commit_the_retry_replays() {
-    let Some(db) = TestDatabase::create().await else {
+    let Some(db) = TestDb::create().await else {
         return;
     };
     let url = db.url();

@@ -1,5 +1,5 @@
 //! Transactional mode on PostgreSQL: the ledger and idem's records in one database (a fresh one per
-//! test, see `idem_tests::postgres_db`). The cases are in `transactional_support`.
+//! test, see `idem_tests::services::TestDb`). The cases are in `transactional_support`.
 
 mod transactional_support;
 
@@ -8,7 +8,7 @@ use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::sqlx::{self, postgres::PgPool};
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::{Engine, Record, RecordKey, Store, Transactional};
-use idem_tests::postgres_db::TestDatabase;
+use idem_tests::services::TestDb;
 use std::sync::Arc;
 use std::time::Duration;
 use transactional_support::*;
@@ -24,11 +24,11 @@ struct Postgres {
     controls: Controls,
     router: Router,
     // Dropped last: the pools above close first.
-    _db: TestDatabase,
+    _db: TestDb,
 }
 
 async fn setup() -> Option<Postgres> {
-    let db = TestDatabase::create().await?;
+    let db = TestDb::create().await?;
     // 16 concurrent transactions, plus look-ups.
     let pool = PostgresStore::pool_options()
         .max_connections(24)
