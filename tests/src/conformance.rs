@@ -1,6 +1,6 @@
 //! The store conformance suite: one set of cases, run against every backend.
 //!
-//! A backend's test file implements [`Backend`] and invokes [`conformance_suite!`], which expands to
+//! A backend's test file implements [`Backend`] and invokes [`conformance_suite!`](crate::conformance_suite!), which expands to
 //! one `#[tokio::test]` per case:
 //!
 //! ```ignore
