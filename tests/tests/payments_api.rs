@@ -305,3 +305,17 @@ async fn an_unsupported_idempotency_store_fails_at_start_up() {
     assert!(error.to_string().contains("DATABASE_URL"), "{error}");
     assert!(error.to_string().contains("mysql:"), "{error}");
 }
+
+#[tokio::test]
+async fn a_body_over_the_payment_policys_64_kib_is_413_and_burns_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = start(dir.path()).await;
+    let padding = "x".repeat(64 * 1024);
+    let huge = format!(r#"{{"amount":1000,"currency":"KRW","note":"{padding}"}}"#);
+    let refused = send(&app, post("/payments", Some("alice"), Some("k1"), &huge)).await;
+    assert_eq!(refused.status, 413);
+    // The key was never claimed: the same key with a normal body runs.
+    let ok = send(&app, post("/payments", Some("alice"), Some("k1"), KRW_1000)).await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(ok.header("idempotency-replayed"), None);
+}

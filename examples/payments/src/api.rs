@@ -9,8 +9,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem_runtime::sqlx::{Postgres, Sqlite};
-use idem_runtime::{idempotent, Tx};
+use idem_runtime::{idempotent, Policy, Tx};
 use serde::Deserialize;
+use std::time::Duration;
 
 /// A payment request.
 #[derive(Debug, Deserialize)]
@@ -19,14 +20,15 @@ pub(crate) struct NewPayment {
     currency: String,
 }
 
+/// The payment endpoints' policy, stated once and checked at compile time: keys are remembered
+/// for 24 h (tombstones for 7 d), required (400 without), and request bodies are capped at 64 KiB.
+const PAYMENTS: Policy = Policy::new()
+    .ttl(Duration::from_secs(24 * 3600))
+    .max_request_body(64 * 1024);
+
 /// `POST /payments`: a client that heard nothing retries with the same key and gets this
 /// payment's 201 again, never a second charge.
-#[idempotent(
-    scope = "user",
-    ttl = "24h",
-    missing_key = "reject",
-    max_body = "64KiB"
-)]
+#[idempotent(scope = "user", policy = PAYMENTS)]
 pub(crate) async fn create_payment(
     State(app): State<AppState>,
     user: AuthUser,
@@ -38,13 +40,7 @@ pub(crate) async fn create_payment(
 /// `POST /payments` in transactional mode, when the records share the ledger's SQLite file: the
 /// key is claimed in the transaction that inserts the payment and stores the 201, so a crash at any
 /// point leaves either all three or none (a retry then charges once, or replays).
-#[idempotent(
-    scope = "user",
-    ttl = "24h",
-    missing_key = "reject",
-    max_body = "64KiB",
-    transaction = "tx"
-)]
+#[idempotent(scope = "user", policy = PAYMENTS, transaction = "tx")]
 pub(crate) async fn create_payment_in_sqlite(
     State(app): State<AppState>,
     user: AuthUser,
@@ -62,13 +58,7 @@ pub(crate) async fn create_payment_in_sqlite(
 }
 
 /// `POST /payments` in transactional mode on PostgreSQL (see [`create_payment_in_sqlite`]).
-#[idempotent(
-    scope = "user",
-    ttl = "24h",
-    missing_key = "reject",
-    max_body = "64KiB",
-    transaction = "tx"
-)]
+#[idempotent(scope = "user", policy = PAYMENTS, transaction = "tx")]
 pub(crate) async fn create_payment_in_postgres(
     State(app): State<AppState>,
     user: AuthUser,
@@ -101,13 +91,7 @@ async fn prepare(app: &AppState, req: NewPayment) -> Result<Payment, Response> {
 
 /// `POST /legacy/payments`: old app versions send no key; a double tap (the same request within
 /// 10 s) still charges once.
-#[idempotent(
-    scope = "user",
-    ttl = "24h",
-    missing_key = "derive",
-    derive_window = "10s",
-    max_body = "64KiB"
-)]
+#[idempotent(scope = "user", policy = PAYMENTS, missing_key = "derive", derive_window = "10s")]
 pub(crate) async fn create_legacy_payment(
     State(app): State<AppState>,
     user: AuthUser,
@@ -117,12 +101,7 @@ pub(crate) async fn create_legacy_payment(
 }
 
 /// `POST /payments/{id}/refund`.
-#[idempotent(
-    scope = "user",
-    ttl = "24h",
-    missing_key = "reject",
-    max_body = "64KiB"
-)]
+#[idempotent(scope = "user", policy = PAYMENTS)]
 pub(crate) async fn refund_payment(
     State(app): State<AppState>,
     user: AuthUser,
