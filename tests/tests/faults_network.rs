@@ -304,7 +304,7 @@ async fn redis_connections_cut_mid_claim_and_mid_complete() {
     let Some(backend) = proof_support::redis().await else {
         return;
     };
-    let client = redis::Client::open(backend.url.as_str()).expect("redis url");
+    let client = redis::Client::open(backend.url()).expect("redis url");
     let target = match &client.get_connection_info().addr {
         redis::ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
         other => panic!("the proxy needs a TCP redis url, got {other:?}"),
@@ -316,7 +316,7 @@ async fn redis_connections_cut_mid_claim_and_mid_complete() {
         .expect("an address");
     let proxy = Proxy::start(upstream).await;
     let store = RedisStore::builder(format!("redis://{}", proxy.addr))
-        .prefix(&backend.prefix)
+        .prefix(backend.prefix())
         .connect()
         .await
         .expect("connect through the proxy");
