@@ -371,7 +371,7 @@ async fn main() {
         "redis" => {
             let backend = proof_support::redis().await.expect("redis");
             let store = Arc::new(backend.open().await);
-            let (url, pattern) = (backend.url.clone(), format!("{}:*", backend.prefix));
+            let (url, pattern) = (backend.url().to_owned(), format!("{}:*", backend.prefix()));
             let counter: Counter = Box::new(move || {
                 let (url, pattern) = (url.clone(), pattern.clone());
                 Box::pin(async move {
