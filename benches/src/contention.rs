@@ -24,8 +24,8 @@ const POLICY: Policy = Policy::new()
 pub(crate) async fn run(handles: &[(Backend, Handle)]) {
     println!("\n## Contention: {WAITERS} concurrent requests on one key\n");
     println!("Through the engine (no HTTP), released together by a barrier; the one that claims holds the key for the handler time, then completes. \"After completion\" is from the completion to the last answer. Store calls per waiter exclude the executing request's claim and complete.\n");
-    println!("| store | handler time | executions | replays / errors | all answered after | after completion | claims per waiter | gets per waiter | subscriptions per waiter |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| store | handler time | executions | replays / errors | all answered after | after completion | claims per waiter | gets per waiter | subscriptions per waiter | announcements per waiter |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (backend, handle) in handles {
         let mut per_waiter = Vec::new();
         for hold in HOLDS_MS {
@@ -84,9 +84,10 @@ pub(crate) async fn run(handles: &[(Backend, Handle)]) {
             let claims = (calls.claim.load(Relaxed).saturating_sub(1)) as f64 / waiters;
             let gets = calls.get.load(Relaxed) as f64 / waiters;
             let subs = calls.subscribe.load(Relaxed) as f64 / waiters;
-            per_waiter.push(claims + gets);
+            let announces = calls.announce.load(Relaxed) as f64 / waiters;
+            per_waiter.push(claims + gets + announces);
             println!(
-                "| {} | {hold} ms | {} | {} / {errors} | {} | {} | {claims:.2} | {gets:.2} | {subs:.2} |",
+                "| {} | {hold} ms | {} | {} / {errors} | {} | {} | {claims:.2} | {gets:.2} | {subs:.2} | {announces:.2} |",
                 backend.name(),
                 executions.load(Relaxed),
                 replays.load(Relaxed),
@@ -101,19 +102,20 @@ pub(crate) async fn run(handles: &[(Backend, Handle)]) {
                 );
             }
         }
-        // A waiter claims, subscribes and claims again, then claims once more when woken: at most 3
-        // store operations, whatever the wait (fewer when it arrives after the completion).
+        // A waiter claims, subscribes, announces and claims again, then claims once more when woken:
+        // at most 4 store operations, whatever the wait (fewer when it arrives after the completion).
+        // Only PostgreSQL's announcement reaches the store; the others' is a no-op, counted anyway.
         let max = per_waiter.iter().copied().fold(0f64, f64::max);
         let listed: Vec<String> = per_waiter.iter().map(|x| format!("{x:.2}")).collect();
         report::target(
             format!(
-                "{}: store operations per waiter constant (≤ 3 whether the handler takes {} ms or {} ms)",
+                "{}: store operations per waiter constant (≤ 4 whether the handler takes {} ms or {} ms)",
                 backend.name(),
                 HOLDS_MS[0],
                 HOLDS_MS[HOLDS_MS.len() - 1]
             ),
             format!("{} per waiter", listed.join(" / ")),
-            max <= 3.0 + 1e-9,
+            max <= 4.0 + 1e-9,
         );
     }
 }

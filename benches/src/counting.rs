@@ -18,6 +18,7 @@ pub(crate) struct Calls {
     pub(crate) release: AtomicU64,
     pub(crate) get: AtomicU64,
     pub(crate) subscribe: AtomicU64,
+    pub(crate) announce: AtomicU64,
 }
 
 /// A store that counts every call before passing it on.
@@ -52,6 +53,10 @@ impl Store for CountingStore {
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.calls.subscribe.fetch_add(1, Relaxed);
         self.inner.subscribe(key)
+    }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.calls.announce.fetch_add(1, Relaxed);
+        self.inner.announce_waiter(key).await
     }
 }
 

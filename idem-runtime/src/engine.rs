@@ -43,6 +43,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::store::{Claim, ClaimOutcome, Store, StoreError};
+use crate::wait::DuplicateWait;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -261,7 +262,7 @@ impl Engine {
         policy: &Policy,
     ) -> Result<Begin, Rejection> {
         let deadline = Instant::now() + policy.wait;
-        let mut subscription = None;
+        let mut wait = DuplicateWait::default();
         loop {
             let now = self.inner.clock.now();
             let token = FencingToken::generate();
@@ -310,7 +311,7 @@ impl Engine {
                     response,
                     expires_at,
                 } => {
-                    if subscription.is_some() {
+                    if wait.waited() {
                         self.record(Outcome::Waited, &key, policy);
                     }
                     self.record(Outcome::Replayed, &key, policy);
@@ -328,19 +329,12 @@ impl Engine {
                             retry_after: IN_FLIGHT_RETRY_AFTER,
                         });
                     }
-                    match &mut subscription {
-                        // Subscribe, then claim again: a completion between the first claim and the
-                        // subscription would otherwise be missed.
-                        None => subscription = Some(self.inner.store.subscribe(&key)),
-                        Some(sub) => {
-                            // Wake on completion or release, when the lease runs out (takeover), or
-                            // at the deadline; never on a polling tick.
-                            let wake = deadline.min(Instant::now() + lease_left);
-                            tokio::select! {
-                                _ = sub.changed() => {}
-                                _ = tokio::time::sleep_until(wake) => {}
-                            }
-                        }
+                    // Wake on completion or release, when the lease runs out (takeover), or at
+                    // the deadline; never on a polling tick.
+                    let wake = deadline.min(Instant::now() + lease_left);
+                    let store = self.inner.store.as_ref();
+                    if let Err(e) = wait.step(self, store, &key, wake).await {
+                        return Err(self.unavailable(e, &key, policy));
                     }
                 }
             }

@@ -33,6 +33,7 @@ pub mod sweeper;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod transaction;
+mod wait;
 mod waiters;
 
 pub use engine::{Begin, ClaimGuard, Engine, Rejection, Replay};

@@ -92,7 +92,8 @@ use crate::fingerprint::Fingerprint;
 use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, StoredResponse};
-use crate::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
+use crate::store::{Claim, ClaimOutcome, Store, StoreError};
+use crate::wait::DuplicateWait;
 use sqlx::{Database, Transaction};
 use std::error::Error as _;
 use std::future::Future;
@@ -270,7 +271,7 @@ impl<S: TransactionalStore> Transactional<S> {
     ) -> Result<TxBegin<S>, Rejection> {
         let engine = &self.engine;
         let deadline = Instant::now() + policy.wait;
-        let mut subscription: Option<Subscription> = None;
+        let mut wait = DuplicateWait::default();
         let mut retries = 0;
         loop {
             let now = engine.now();
@@ -290,14 +291,9 @@ impl<S: TransactionalStore> Transactional<S> {
                 Err(e) => return Err(engine.unavailable(e, &key, policy)),
             };
             let next = match found {
-                Some(record) if !record.can_take_over(&claim) => Some(self.decide(
-                    record,
-                    fingerprint,
-                    now,
-                    &key,
-                    policy,
-                    subscription.is_some(),
-                )),
+                Some(record) if !record.can_take_over(&claim) => {
+                    Some(self.decide(record, fingerprint, now, &key, policy, wait.waited()))
+                }
                 _ => None,
             };
             let next = match next {
@@ -362,15 +358,9 @@ impl<S: TransactionalStore> Transactional<S> {
                             retry_after: lease_left.max(Duration::from_secs(1)),
                         });
                     }
-                    match &mut subscription {
-                        None => subscription = Some(self.store.subscribe(&key)),
-                        Some(sub) => {
-                            let wake = deadline.min(Instant::now() + lease_left);
-                            tokio::select! {
-                                _ = sub.changed() => {}
-                                _ = tokio::time::sleep_until(wake) => {}
-                            }
-                        }
+                    let wake = deadline.min(Instant::now() + lease_left);
+                    if let Err(e) = wait.step(engine, self.store.as_ref(), &key, wake).await {
+                        return Err(engine.unavailable(e, &key, policy));
                     }
                 }
             }

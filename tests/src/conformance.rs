@@ -127,6 +127,9 @@ impl<S: Store> Store for Observed<S> {
         self.subscribed.notify_one();
         sub
     }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.inner.announce_waiter(key).await
+    }
 }
 
 /// A store that is down.

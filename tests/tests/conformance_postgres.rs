@@ -5,14 +5,22 @@
 //! Every backend instance (each case) gets a fresh database on the server at
 //! `IDEM_TEST_POSTGRES_URL` ([`TestDb`]), dropped when the case ends.
 
+use idem_runtime::clock::Timestamp;
+use idem_runtime::engine::Begin;
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
 use idem_runtime::sqlx::{self, Row};
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::store::{Claim, ClaimOutcome};
-use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
+use idem_runtime::store::{Claim, ClaimOutcome, StoreError, Subscription};
+use idem_runtime::{
+    Engine, FencingToken, Policy, Record, RecordKey, RecordState, Store, StoreErrorKind,
+    StoredResponse,
+};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
 use idem_tests::services::TestDb;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// Bounds a failure only: every wait below ends as soon as its event happens.
 const GENEROUS: Duration = Duration::from_secs(30);
@@ -117,8 +125,15 @@ async fn completion_on_one_instance_wakes_a_waiter_on_another() {
     // First make sure B's listener is up: a probe key completed on A wakes B's subscriber, either by
     // its notification or by the wake-everyone B's listener sends once it starts listening.
     let probe = fresh_key();
+    let probe_token = FencingToken::generate();
+    a.claim(&claim_of(&probe, probe_token))
+        .await
+        .expect("claim");
     let mut probe_sub = b.subscribe(&probe);
-    claim_and_complete(&a, &probe).await;
+    b.announce_waiter(&probe).await.expect("announce");
+    a.complete(&probe, probe_token, &response("a"))
+        .await
+        .expect("complete");
     tokio::time::timeout(GENEROUS, probe_sub.changed())
         .await
         .expect("B's listener is up");
@@ -128,7 +143,10 @@ async fn completion_on_one_instance_wakes_a_waiter_on_another() {
     let token = FencingToken::generate();
     a.claim(&claim_of(&key, token)).await.expect("claim");
     let mut sub = b.subscribe(&key);
-    let mut other = b.subscribe(&fresh_key());
+    b.announce_waiter(&key).await.expect("announce");
+    let other_key = fresh_key();
+    let mut other = b.subscribe(&other_key);
+    b.announce_waiter(&other_key).await.expect("announce");
     a.complete(&key, token, &response("a"))
         .await
         .expect("complete");
@@ -151,11 +169,171 @@ async fn completion_on_one_instance_wakes_a_waiter_on_another() {
     let token = FencingToken::generate();
     a.claim(&claim_of(&key, token)).await.expect("claim");
     let mut sub = b.subscribe(&key);
+    b.announce_waiter(&key).await.expect("announce");
     a.release(&key, token).await.expect("release");
     tokio::time::timeout(GENEROUS, sub.changed())
         .await
         .expect("B woken by A's release");
     assert!(b.get(&key, T0).await.expect("get").is_none());
+}
+
+/// Wraps instance B's store to tell the test when its waiting duplicate has armed its wait: it has
+/// subscribed, announced itself and read the record again (its second claim).
+struct Rechecked {
+    inner: PostgresStore,
+    /// B's claims since the test last reset it.
+    claims: Arc<AtomicUsize>,
+    rechecked: Arc<Notify>,
+}
+
+#[async_trait::async_trait]
+impl Store for Rechecked {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let found = self.inner.claim(claim).await;
+        if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
+            self.rechecked.notify_one();
+        }
+        found
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, token, response).await
+    }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key, now).await
+    }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.inner.subscribe(key)
+    }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.inner.announce_waiter(key).await
+    }
+}
+
+/// Through the engine: a duplicate waiting on instance B, its wait armed before instance A's original
+/// completes, is woken by A's completion (it can only hear of it through NOTIFY, and only if its
+/// announcement reached the row) and replays, long before its 10-minute wait bound or lease end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_on_another_instance_is_woken_through_the_database() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let long = Policy::new()
+        .ttl(Duration::from_secs(3600))
+        .lease(Duration::from_secs(600))
+        .wait(Duration::from_secs(600))
+        .handler("cross-instance");
+    let a = Engine::new(db.store().await);
+    let rechecked = Arc::new(Notify::new());
+    let claims = Arc::new(AtomicUsize::new(0));
+    let b = Engine::new(Rechecked {
+        inner: db.store().await,
+        claims: claims.clone(),
+        rechecked: rechecked.clone(),
+    });
+    for round in 0..3 {
+        claims.store(0, Ordering::SeqCst);
+        let key = fresh_key();
+        let original = match a.begin(key.clone(), fp("a"), &long).await {
+            Ok(Begin::Execute(guard)) => guard,
+            _ => panic!("round {round}: the original claims"),
+        };
+        let duplicate = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move { b.begin(key, fp("a"), &long).await })
+        };
+        tokio::time::timeout(GENEROUS, rechecked.notified())
+            .await
+            .expect("the duplicate armed its wait");
+        original.complete(&response("a")).await.expect("complete");
+        let replayed = tokio::time::timeout(GENEROUS, duplicate)
+            .await
+            .expect("woken by the completion, not by its bound")
+            .expect("join");
+        match replayed {
+            Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
+            _ => panic!("round {round}: the duplicate replays"),
+        }
+    }
+}
+
+/// Completions and releases notify only records a waiter announced: PostgreSQL serialises the
+/// commits of notifying transactions, so a NOTIFY per completion would cap a busy service's
+/// completion rate. Observed by a raw listener on the channel; a sentinel notification sent after
+/// each operation proves that nothing came before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_awaited_records_are_notified() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let store = db.store().await;
+    let pool = db.pool().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("listener");
+    listener
+        .listen(idem_runtime::store::postgres::CHANNEL)
+        .await
+        .expect("listen");
+    let mut next = async || {
+        tokio::time::timeout(GENEROUS, listener.recv())
+            .await
+            .expect("a notification arrives")
+            .expect("listener")
+            .payload()
+            .to_owned()
+    };
+    let sentinel = async |pool: &PgPool| {
+        sqlx::query("SELECT pg_notify($1, 'sentinel')")
+            .bind(idem_runtime::store::postgres::CHANNEL)
+            .execute(pool)
+            .await
+            .expect("sentinel");
+    };
+
+    // Nobody waits: completion and release send nothing before the sentinel.
+    claim_and_complete(&store, &fresh_key()).await;
+    let released = fresh_key();
+    let token = FencingToken::generate();
+    store
+        .claim(&claim_of(&released, token))
+        .await
+        .expect("claim");
+    store.release(&released, token).await.expect("release");
+    sentinel(&pool).await;
+    assert_eq!(next().await, "sentinel");
+
+    // Announced: each sends its key's notification, then the sentinel follows.
+    for release in [false, true] {
+        let key = fresh_key();
+        let token = FencingToken::generate();
+        store.claim(&claim_of(&key, token)).await.expect("claim");
+        store.announce_waiter(&key).await.expect("announce");
+        store
+            .announce_waiter(&key)
+            .await
+            .expect("a second announce");
+        if release {
+            store.release(&key, token).await.expect("release");
+        } else {
+            store
+                .complete(&key, token, &response("a"))
+                .await
+                .expect("complete");
+        }
+        sentinel(&pool).await;
+        let named: (String, String) =
+            serde_json::from_str(&next().await).expect("the key's payload");
+        assert_eq!(named, (key.scope.clone(), key.key.clone()));
+        assert_eq!(next().await, "sentinel", "one notification per change");
+    }
 }
 
 /// A replay reads the record without writing it: the row's version (xmin, ctid) stays the same, so
@@ -390,8 +568,15 @@ async fn store_recovers_when_its_connections_are_cut() {
     let b = db.store().await;
     let admin = db.pool().await;
     let probe = fresh_key();
+    let probe_token = FencingToken::generate();
+    a.claim(&claim_of(&probe, probe_token))
+        .await
+        .expect("claim");
     let mut probe_sub = b.subscribe(&probe);
-    claim_and_complete(&a, &probe).await;
+    b.announce_waiter(&probe).await.expect("announce");
+    a.complete(&probe, probe_token, &response("a"))
+        .await
+        .expect("complete");
     tokio::time::timeout(GENEROUS, probe_sub.changed())
         .await
         .expect("B's listener is up");
@@ -424,8 +609,9 @@ async fn store_recovers_when_its_connections_are_cut() {
     // And B's listener hears completions again.
     let key2 = fresh_key();
     let token2 = FencingToken::generate();
-    let mut sub2 = b.subscribe(&key2);
     a.claim(&claim_of(&key2, token2)).await.expect("claim");
+    let mut sub2 = b.subscribe(&key2);
+    after_stale_connections(|| b.announce_waiter(&key2)).await;
     a.complete(&key2, token2, &response("b"))
         .await
         .expect("complete");

@@ -140,6 +140,9 @@ impl<S: Store> Store for Faulty<S> {
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.inner.subscribe(key)
     }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.inner.announce_waiter(key).await
+    }
 }
 
 /// An app over a faulty store, on a manual clock, with the handler's gate open.

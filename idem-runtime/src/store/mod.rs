@@ -11,7 +11,7 @@
 //! - Records whose `retain_until` has passed count as absent everywhere (claim replaces them, get
 //!   hides them) whether or not a sweeper has deleted them yet.
 //! - [`Store::subscribe`] wakes waiters when a key is completed or released, in this process and, for
-//!   shared stores, in every process.
+//!   shared stores, in every process that has [announced](Store::announce_waiter) a waiter.
 //!
 //! Purging is a separate capability, [`Purge`], used by the [`Sweeper`](crate::sweeper::Sweeper).
 
@@ -172,6 +172,21 @@ pub trait Store: Send + Sync + 'static {
     /// A subscription that resolves once `key` may have been completed or released, by any process
     /// sharing the store. Subscribe before reading the record, so that no completion is missed.
     fn subscribe(&self, key: &RecordKey) -> Subscription;
+
+    /// Tells the store that a duplicate is about to wait for `key`, so that completing or releasing it
+    /// must wake waiters in every process. The engine calls it after [`subscribe`](Self::subscribe)
+    /// and before it reads the record again, each time it is about to wait.
+    ///
+    /// Stores whose cross-process wake-up costs something on every completion (PostgreSQL's `NOTIFY`
+    /// takes a lock held until commit, which serialises committing transactions) announce only keys
+    /// that someone waits for. The order makes it safe: a completion either lands before the
+    /// announcement, and the re-read sees it, or after, and sees the announcement. Stores that wake
+    /// waiters without it keep the default, which does nothing. A store that wraps another must forward
+    /// this call.
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        let _ = key;
+        Ok(())
+    }
 }
 
 /// Deleting records past retention, in batches.
@@ -203,6 +218,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         (**self).subscribe(key)
+    }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        (**self).announce_waiter(key).await
     }
 }
 

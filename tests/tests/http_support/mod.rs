@@ -75,6 +75,9 @@ impl Store for TestStore {
         self.subscriptions.send_modify(|n| *n += 1);
         self.inner.subscribe(key)
     }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.inner.announce_waiter(key).await
+    }
 }
 
 /// The router state: the engine (through `FromRef`) and what the tests observe.

@@ -1,0 +1,65 @@
+//! How a duplicate waits for the identical request in flight: subscribe, announce, read again, sleep.
+//!
+//! A duplicate that finds its key in flight must not miss the completion that may land while it
+//! prepares to wait, and must not poll. So, in this order, before it first sleeps (and again whenever
+//! it wakes to find the key still in flight, since the record may have been released and claimed anew
+//! meanwhile):
+//!
+//! 1. it [subscribes](Store::subscribe) to the key, which arms the local wake-up;
+//! 2. it [announces](Store::announce_waiter) itself, so that stores which notify only awaited keys
+//!    (PostgreSQL) will notify this one;
+//! 3. it claims (reads) the key again: a completion that landed before step 2 is seen here, and one
+//!    that lands after sees the announcement and wakes the subscription.
+//!
+//! Only then does it sleep, until the subscription fires, the lease runs out (a takeover may be due)
+//! or the caller's deadline passes, whichever is first. The engine and transactional mode share this.
+
+use crate::engine::Engine;
+use crate::record::RecordKey;
+use crate::store::{Store, StoreError, Subscription};
+use tokio::time::Instant;
+
+/// One duplicate's wait; see the [module documentation](self).
+#[derive(Debug, Default)]
+pub(crate) struct DuplicateWait {
+    subscription: Option<Subscription>,
+    /// Subscribed and announced since the record was last found in flight, so the next "in flight"
+    /// means sleep.
+    armed: bool,
+}
+
+impl DuplicateWait {
+    /// Called each time a claim finds the key in flight (and the deadline has not passed). Either arms
+    /// the wait (subscribe and announce; the caller then claims again at once) or sleeps until woken
+    /// or `wake`. The caller claims again after it returns `Ok`. The announcement is bounded by the
+    /// engine's store timeout.
+    pub(crate) async fn step(
+        &mut self,
+        engine: &Engine,
+        store: &dyn Store,
+        key: &RecordKey,
+        wake: Instant,
+    ) -> Result<(), StoreError> {
+        if !self.armed {
+            if self.subscription.is_none() {
+                self.subscription = Some(store.subscribe(key));
+            }
+            engine.call(store.announce_waiter(key)).await?;
+            self.armed = true;
+            return Ok(());
+        }
+        self.armed = false;
+        if let Some(subscription) = &mut self.subscription {
+            tokio::select! {
+                _ = subscription.changed() => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this request has waited (subscribed) at all.
+    pub(crate) fn waited(&self) -> bool {
+        self.subscription.is_some()
+    }
+}
