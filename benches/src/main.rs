@@ -79,6 +79,7 @@ async fn run(section: &str) {
     }
     if all || section == "roundtrips" {
         roundtrips::run().await;
+        roundtrips::transactional().await;
     }
     if all || section == "contention" {
         contention::run(&handles).await;
