@@ -7,9 +7,10 @@
 //!
 //! Settings: `IDEM_BENCH_SECS` (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (3),
 //! `IDEM_BENCH_SCALE` (records for the large scale point, 1000000), `IDEM_BENCH_RSS_KEYS` (1000000)
-//! and `IDEM_BENCH_RSS_SECS` (time cap of the RSS run, 240); `IDEM_BENCH_POSTGRES_URL`
-//! (`postgres://postgres@127.0.0.1:5432`, database `idem_bench` is created) and
-//! `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed).
+//! and `IDEM_BENCH_RSS_SECS` (time cap of the RSS run, 240), `IDEM_BENCH_RSS_STORE` (where the
+//! payments example keeps its records in the RSS run: `shared`, the default, or `sqlite`, `memory`);
+//! `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`, database `idem_bench` is
+//! created) and `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed).
 
 mod alloc;
 mod contention;

@@ -6,7 +6,7 @@
 //! | `sqlite:...` | [`SqliteStore`] on that file | one instance |
 //! | `postgres://...` | [`PostgresStore`] on that database (tables in its `idem` schema) | many instances |
 //! | `redis://host:port[/db][?prefix=name]` | [`RedisStore`], keys under `prefix` (default `idem`) | many instances |
-//! | `memory` | [`MemoryStore`]: forgotten on restart | tests, one process |
+//! | `memory` | [`MemoryStore`]: forgotten on restart; each key held in memory (about 1 KiB here) until its retention ends | tests, one process |
 
 use crate::ledger::{Database, Ledger};
 use crate::StartError;

@@ -168,3 +168,30 @@ where
         status: row.try_get("status")?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Database, Ledger};
+
+    /// What SQLite keeps in this process is bounded by the page cache of each pooled connection; the
+    /// README's "Memory" section states both numbers, so raising either should update it.
+    #[tokio::test]
+    async fn sqlite_memory_is_bounded_by_the_page_cache_and_the_pool() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("payments.db").display()
+        );
+        let ledger = Ledger::open_sqlite(&url).await.expect("open");
+        let Database::Sqlite(pool) = ledger.database() else {
+            panic!("a sqlite: URL opens a SQLite ledger")
+        };
+        assert_eq!(pool.options().get_max_connections(), 10);
+        // Negative: KiB, so about 2 MiB per connection (SQLite's default).
+        let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+            .fetch_one(pool)
+            .await
+            .expect("cache_size");
+        assert_eq!(cache, -2000);
+    }
+}
