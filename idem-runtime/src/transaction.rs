@@ -18,8 +18,9 @@
 //! commit rolls everything back: the claim, the business writes and the response vanish together,
 //! and a retry runs the handler as if for the first time. After the commit, both exist, and a retry
 //! replays. **The effect happens exactly once**, whatever fails, and for PostgreSQL it costs the
-//! business transaction two statements (the claim and the completion; plus one that restores
-//! `lock_timeout`, see below) and no extra commit.
+//! business transaction two statements (the claim and the completion) and no extra commit, plus one
+//! plain read before the transaction opens (which is all a replay costs). Counted on the wire by
+//! `cargo run --release -p idem-bench -- roundtrips`.
 //!
 //! # Duplicates wait on the unique index
 //!
@@ -30,11 +31,10 @@
 //! - **PostgreSQL** blocks that insert on the primary key until the first transaction ends. If it
 //!   commits, the insert does nothing and the claim reads the completed record: the duplicate
 //!   replays. If it rolls back, the duplicate's insert succeeds and it runs the handler. The wait is
-//!   bounded by the policy's `wait` through `SET LOCAL lock_timeout`, which the claim restores to the
-//!   session's value as soon as it holds the key, so the application's own statements in the
-//!   transaction keep their usual lock timeout. The commit itself releases blocked inserts in every
-//!   instance: no notification is needed (the completion still sends one, for non-transactional
-//!   waiters of the same store).
+//!   bounded by the policy's `wait` through `SET LOCAL lock_timeout` (sent with the `BEGIN`), which
+//!   the claim statement itself restores to the session's value once it holds the key, so the
+//!   application's own statements in the transaction keep their usual lock timeout. The commit
+//!   itself releases blocked inserts in every instance: no notification is needed.
 //! - **SQLite** has one writer per database, so the transaction is `BEGIN IMMEDIATE`: it takes the
 //!   write lock up front (never the read-to-write upgrade that fails with `SQLITE_BUSY` whatever the
 //!   busy timeout). In this process, transactional claims queue on the store's fair write gate,

@@ -147,3 +147,60 @@ cases!(
     a_replay_opens_no_write,
     a_passed_request_still_gets_a_transaction,
 );
+
+/// The claim waits under idem's `lock_timeout` (the policy's `wait`), but the handler's statements run
+/// under the session's own: a fresh claim restores it inside the claim statement, a takeover of a
+/// dead non-transactional claim with a statement of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_runs_under_the_sessions_lock_timeout() {
+    use idem_runtime::engine::Begin;
+    use idem_runtime::transaction::TxBegin;
+    use idem_runtime::{Fingerprint, Policy};
+
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let pool = PostgresStore::pool_options()
+        .max_connections(2)
+        .connect_with(db.options().options([("lock_timeout", "7s")]))
+        .await
+        .expect("connect");
+    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrate"));
+    let clock = ManualClock::new(Timestamp::from_millis(START_MS));
+    let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
+    let txn = Transactional::new(engine.clone(), store).expect("same store");
+    let policy = Policy::new()
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_secs(2))
+        .handler("lock-timeout");
+    let fp = Fingerprint::of_request("POST", "/t", None, b"");
+    async fn shown(claim: &mut idem_runtime::transaction::TxClaim<PostgresStore>) -> String {
+        let conn: &mut sqlx::PgConnection = claim.tx();
+        sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(conn)
+            .await
+            .expect("show")
+    }
+
+    // A fresh key: restored by the claim statement itself.
+    let fresh = RecordKey::new("u", "fresh");
+    let Ok(TxBegin::Execute(mut claim)) = txn.begin(fresh, fp, &policy).await else {
+        panic!("a fresh key executes");
+    };
+    assert_eq!(shown(&mut claim).await, "7s");
+    claim.rollback().await.expect("rollback");
+
+    // A takeover: a non-transactional claim whose lease ran out.
+    let dead = RecordKey::new("u", "dead");
+    let Ok(Begin::Execute(orphan)) = engine.begin(dead.clone(), fp, &policy).await else {
+        panic!("the first claim executes");
+    };
+    std::mem::forget(orphan); // its worker died: no release
+    clock.advance(Duration::from_secs(31));
+    let Ok(TxBegin::Execute(mut claim)) = txn.begin(dead, fp, &policy).await else {
+        panic!("the dead claim is taken over");
+    };
+    assert!(claim.taken_over());
+    assert_eq!(shown(&mut claim).await, "7s");
+    claim.rollback().await.expect("rollback");
+}

@@ -125,6 +125,31 @@ SELECT false, fingerprint, token, created_at, expires_at, retain_until, state,
 FROM idem.records
 WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)";
 
+/// [`CLAIM`] inside a transactional claim's transaction: a fresh insert also gives the transaction
+/// back the session's `lock_timeout` (which the claim ran under idem's, see [`RESTORE_LOCK_TIMEOUT`]),
+/// in the same statement, so the business transaction pays no extra round trip for it. The restoring
+/// `set_config` reads its rows from `inserted`, so it runs only after the insert, and its wait on a
+/// concurrent identical claim, are over.
+const CLAIM_IN_TX: &str = "
+WITH inserted AS (
+    INSERT INTO idem.records
+        (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_flight', $8)
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING true AS inserted, fingerprint, token, created_at, expires_at, retain_until, state,
+              lease_until, status, headers, body
+),
+restored AS (
+    SELECT set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true)
+    FROM inserted
+)
+SELECT inserted.* FROM inserted CROSS JOIN restored
+UNION ALL
+SELECT false, fingerprint, token, created_at, expires_at, retain_until, state,
+       lease_until, status, headers, body
+FROM idem.records
+WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)";
+
 /// Replaces a record past retention, if it is still the one seen (`$9`) and still past retention.
 const REPLACE_FORGOTTEN: &str = "
 UPDATE idem.records
@@ -417,7 +442,8 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
 impl Store for PostgresStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut conn = self.acquire().await?;
-        ops::claim(&mut conn, claim).await
+        let (outcome, _) = ops::claim(&mut conn, claim, CLAIM).await?;
+        Ok(outcome)
     }
 
     async fn complete(
@@ -500,16 +526,18 @@ impl TransactionalStore for PostgresStore {
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         claim: &Claim<'_>,
     ) -> Result<ClaimOutcome, TxFailure> {
-        let outcome = ops::claim(tx, claim)
-            .await
-            .map_err(|e| match db_code(&e).as_deref() {
-                // lock_not_available: the identical request's transaction outlasted the wait.
-                Some("55P03") => TxFailure::Busy,
-                // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
-                Some("40001") => TxFailure::Retry,
-                _ => TxFailure::Store(e),
-            })?;
-        if let ClaimOutcome::Claimed { .. } = outcome {
+        let (outcome, inserted) =
+            ops::claim(tx, claim, CLAIM_IN_TX)
+                .await
+                .map_err(|e| match db_code(&e).as_deref() {
+                    // lock_not_available: the identical request's transaction outlasted the wait.
+                    Some("55P03") => TxFailure::Busy,
+                    // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
+                    Some("40001") => TxFailure::Retry,
+                    _ => TxFailure::Store(e),
+                })?;
+        // A fresh insert restored it in the claim statement; a takeover or replacement did not.
+        if let (ClaimOutcome::Claimed { .. }, false) = (&outcome, inserted) {
             sqlx::query(RESTORE_LOCK_TIMEOUT)
                 .execute(&mut **tx)
                 .await
@@ -546,26 +574,30 @@ mod ops {
         Nothing,
     }
 
+    /// Claims with `claim_sql` ([`CLAIM`] or [`CLAIM_IN_TX`]) as the claim-or-fetch statement; also
+    /// says whether the claim was that statement's fresh insert.
     pub(super) async fn claim(
         conn: &mut PgConnection,
         claim: &Claim<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
+        claim_sql: &'static str,
+    ) -> Result<(ClaimOutcome, bool), StoreError> {
+        let claimed = |taken_over| ClaimOutcome::Claimed { taken_over };
         for _ in 0..MAX_CLAIM_ATTEMPTS {
-            let record = match claim_or_fetch(conn, claim).await? {
-                Found::Inserted => return Ok(ClaimOutcome::Claimed { taken_over: false }),
+            let record = match claim_or_fetch(conn, claim, claim_sql).await? {
+                Found::Inserted => return Ok((claimed(false), true)),
                 Found::Nothing => continue,
                 Found::Existing(record) => record,
             };
             if record.is_forgotten(claim.now) {
                 if replace_forgotten(conn, claim, record.token).await? {
-                    return Ok(ClaimOutcome::Claimed { taken_over: false });
+                    return Ok((claimed(false), false));
                 }
             } else if record.can_take_over(claim) {
                 if take_over(conn, claim, record.token).await? {
-                    return Ok(ClaimOutcome::Claimed { taken_over: true });
+                    return Ok((claimed(true), false));
                 }
             } else {
-                return Ok(ClaimOutcome::Existing(record));
+                return Ok((ClaimOutcome::Existing(record), false));
             }
             // Someone changed the record between our read and our update: look again.
         }
@@ -578,8 +610,9 @@ mod ops {
     async fn claim_or_fetch(
         conn: &mut PgConnection,
         claim: &Claim<'_>,
+        claim_sql: &'static str,
     ) -> Result<Found, StoreError> {
-        let row = sqlx::query(CLAIM)
+        let row = sqlx::query(claim_sql)
             .bind(&claim.key.scope)
             .bind(&claim.key.key)
             .bind(claim.fingerprint.0.as_slice())
