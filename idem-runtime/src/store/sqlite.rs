@@ -15,8 +15,11 @@
 //!
 //! # How the contract is kept
 //!
-//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention, or can be
-//!   taken over> RETURNING takeovers`. A returned row means this claim won (`takeovers > 0` tells a
+//! - **Claim**: first a plain read by primary key: a record that stands (completed, in flight under a
+//!   live lease, another fingerprint, expired but retained) is returned from it, so replays take no
+//!   write lock. Otherwise one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention,
+//!   or can be taken over> RETURNING takeovers` decides atomically; the read is only a shortcut past
+//!   it, never the check it relies on. A returned row means this claim won (`takeovers > 0` tells a
 //!   takeover from a fresh record); no row means the record stays as it is, and it is then read by
 //!   primary key. If it vanished in between (released), the claim is tried again, a bounded number
 //!   of times. There is no select-then-insert anywhere, and a single statement in autocommit mode
@@ -360,6 +363,14 @@ fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        // Replays, mismatches and in-flight duplicates are answered by a plain read, which under WAL
+        // takes neither the write gate nor the file's write lock. Only a key that is absent, past
+        // retention or up for takeover goes on to the claim statement, which decides atomically.
+        if let Some(record) = self.fetch(claim.key, claim.now).await? {
+            if !record.can_take_over(claim) {
+                return Ok(ClaimOutcome::Existing(record));
+            }
+        }
         for _ in 0..CLAIM_ATTEMPTS {
             let won = {
                 let _gate = self.shared.write_gate.lock().await;
@@ -766,6 +777,44 @@ mod tests {
             let outcome = task.await.expect("join").expect("claim waited, not failed");
             assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
         }
+    }
+
+    /// A replay (and any record that stands) is answered while another connection holds the write
+    /// lock: it is a plain read, so it neither takes the write gate nor waits for the writer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replays_are_read_past_a_writer() {
+        let (_dir, url, store) = temp_store().await;
+        let key = RecordKey::new("s", "done");
+        let first = claim(&key, 1);
+        store.claim(&first).await.expect("claim");
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: bytes::Bytes::from_static(b"ok"),
+        };
+        store
+            .complete(&key, first.token, &response)
+            .await
+            .expect("complete");
+        let other = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("other pool");
+        let mut writer = other.acquire().await.expect("acquire");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *writer)
+            .await
+            .expect("lock");
+        // Held throughout: a claim that needed the lock would wait out the busy timeout and fail.
+        match store.claim(&claim(&key, 1)).await.expect("answered") {
+            ClaimOutcome::Existing(record) => {
+                assert_eq!(record.state, RecordState::Completed { response })
+            }
+            other => panic!("expected the completed record, got {other:?}"),
+        }
+        sqlx::query("COMMIT")
+            .execute(&mut *writer)
+            .await
+            .expect("unlock");
     }
 
     /// An application's migrator and idem's share `_sqlx_migrations`; with `ignore_missing` on both
