@@ -260,7 +260,35 @@ impl Engine {
         fingerprint: Fingerprint,
         policy: &Policy,
     ) -> Result<Begin, Rejection> {
-        let deadline = Instant::now() + policy.wait;
+        self.begin_with(key, fingerprint, policy, Timers::Tokio)
+            .await
+    }
+
+    /// [`begin`](Self::begin) with time standing still: a duplicate waits until the store wakes it,
+    /// however long that takes (never at a lease end or at `policy.wait`, which must not be zero).
+    /// Only the loom models (`tests/loom.rs`) use it, on an engine built
+    /// [`with_store_timeout(None)`](Self::with_store_timeout): loom cannot drive tokio's timers, and
+    /// without them a lost wake-up shows as a deadlock instead of a late timer.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub async fn begin_without_timers(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Begin, Rejection> {
+        let frozen = Timers::Frozen(Instant::from_std(std::time::Instant::now()));
+        self.begin_with(key, fingerprint, policy, frozen).await
+    }
+
+    async fn begin_with(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        timers: Timers,
+    ) -> Result<Begin, Rejection> {
+        let deadline = timers.now() + policy.wait;
         let mut subscription = None;
         loop {
             let now = self.inner.clock.now();
@@ -321,7 +349,7 @@ impl Engine {
                 }
                 Found::InFlight { lease_until } => {
                     let lease_left = now.until(lease_until);
-                    let at_bound = Instant::now() >= deadline;
+                    let at_bound = timers.now() >= deadline;
                     if at_bound {
                         self.record(Outcome::Conflict, &key, policy);
                         return Err(Rejection::InFlight {
@@ -335,15 +363,43 @@ impl Engine {
                         Some(sub) => {
                             // Wake on completion or release, when the lease runs out (takeover), or
                             // at the deadline; never on a polling tick.
-                            let wake = deadline.min(Instant::now() + lease_left);
+                            let wake = deadline.min(timers.now() + lease_left);
                             tokio::select! {
                                 _ = sub.changed() => {}
-                                _ = tokio::time::sleep_until(wake) => {}
+                                _ = timers.sleep_until(wake) => {}
                             }
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// The time [`Engine::begin`] bounds its waits with.
+#[derive(Clone, Copy)]
+enum Timers {
+    /// tokio's clock and timers (paused in tests that ask for it).
+    Tokio,
+    /// Time stands still at this instant and no timer ever fires (the loom models).
+    #[cfg(loom)]
+    Frozen(Instant),
+}
+
+impl Timers {
+    fn now(self) -> Instant {
+        match self {
+            Self::Tokio => Instant::now(),
+            #[cfg(loom)]
+            Self::Frozen(at) => at,
+        }
+    }
+
+    async fn sleep_until(self, wake: Instant) {
+        match self {
+            Self::Tokio => tokio::time::sleep_until(wake).await,
+            #[cfg(loom)]
+            Self::Frozen(_) => std::future::pending().await,
         }
     }
 }
