@@ -19,7 +19,9 @@
 use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::metrics::Outcome;
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, StoreErrorKind, Waiters};
+use idem_runtime::store::{
+    Claim, ClaimOutcome, Store, StoreError, StoreErrorKind, Subscription, Waiters,
+};
 use idem_runtime::{
     Begin, Engine, FencingToken, Fingerprint, Policy, RecordKey, RecordState, StoredResponse,
 };
@@ -304,58 +306,77 @@ fn concurrent_subscribers_leave_no_entry_behind() {
     });
 }
 
-/// Cancel safety: a `changed()` polled once and dropped (what `tokio::select!` does when the timer
-/// wins) deregisters its waker, does not disturb another subscriber's wake-up, and loses no
-/// notification for its own subscription.
+/// Polls `subscription.changed()` once with `waker`, then drops it, as `tokio::select!` does when
+/// another branch wins. Returns the subscription and whether the poll was pending.
+fn poll_once_and_cancel(mut subscription: Subscription, waker: &Waker) -> (Subscription, bool) {
+    let pending = pin!(subscription.changed())
+        .poll(&mut Context::from_waker(waker))
+        .is_pending();
+    (subscription, pending)
+}
+
+/// Cancel safety, part one: a notification that arrives around a cancelled `changed()` is not lost
+/// for that subscription, and still reaches another subscriber blocked on the same key.
 #[test]
-fn a_cancelled_changed_neither_leaks_nor_steals_a_wakeup() {
+fn a_cancelled_changed_loses_no_notification() {
     explore(
         "cancelled changed vs waiter vs notify",
         &["cancelled while pending", "notified before the poll"],
         |tally| {
             let waiters = Arc::new(Waiters::new());
-            let mut cancelled = waiters.subscribe(&key());
+            let cancelled = waiters.subscribe(&key());
             let mut waiting = waiters.subscribe(&key());
-            let witness = std::sync::Arc::new(CountingWaker::default());
-            let canceller = {
-                let witness = Waker::from(witness.clone());
-                thread::spawn(move || {
-                    let pending = {
-                        let mut changed = pin!(cancelled.changed());
-                        // Pending unless the notify below already happened.
-                        changed
-                            .as_mut()
-                            .poll(&mut Context::from_waker(&witness))
-                            .is_pending()
-                    };
-                    (cancelled, pending)
-                })
-            };
+            let canceller = thread::spawn(move || {
+                let witness = Waker::from(std::sync::Arc::new(CountingWaker::default()));
+                poll_once_and_cancel(cancelled, &witness)
+            });
             let waiter = thread::spawn(move || block_on(waiting.changed()));
             waiters.notify(&key());
             let (mut cancelled, pending) = canceller.join().expect("the canceller does not panic");
             waiter.join().expect("the other subscriber is woken");
-            let waker = Waker::from(std::sync::Arc::new(CountingWaker::default()));
             if pending {
-                // The notify came after the poll that returned pending, so it was not consumed:
+                // The notify came after the poll that returned pending, so nothing consumed it:
                 // the subscription's next `changed` resolves at once.
+                let waker = Waker::from(std::sync::Arc::new(CountingWaker::default()));
                 let ready = pin!(cancelled.changed()).poll(&mut Context::from_waker(&waker));
                 assert!(ready.is_ready(), "the cancellation lost the notification");
                 tally.saw("cancelled while pending");
             } else {
                 tally.saw("notified before the poll");
             }
-            let wakes = witness.count();
-            waiters.notify(&key());
-            assert_eq!(
-                witness.count(),
-                wakes,
-                "a dropped future's waker was left registered"
-            );
             drop(cancelled);
             assert_eq!(waiters.waiting_keys(), 0);
         },
     );
+}
+
+/// Cancel safety, part two: a cancelled `changed()` takes its waker out of the registry, racing
+/// another subscriber that registers its own on the same key, so a later notify wakes only the
+/// live waiter and never the dropped future's waker.
+#[test]
+fn a_cancelled_changed_leaves_no_waker_behind() {
+    explore("cancelled changed vs waiter, then notify", &[], |_| {
+        let waiters = Arc::new(Waiters::new());
+        let cancelled = waiters.subscribe(&key());
+        let mut waiting = waiters.subscribe(&key());
+        let witness = std::sync::Arc::new(CountingWaker::default());
+        let canceller = {
+            let witness = Waker::from(witness.clone());
+            thread::spawn(move || poll_once_and_cancel(cancelled, &witness))
+        };
+        let waiter = thread::spawn(move || block_on(waiting.changed()));
+        let (cancelled, pending) = canceller.join().expect("the canceller does not panic");
+        assert!(pending, "nothing was notified yet");
+        waiters.notify(&key());
+        waiter.join().expect("the other subscriber is woken");
+        assert_eq!(
+            witness.count(),
+            0,
+            "the dropped future's waker was left registered"
+        );
+        drop(cancelled);
+        assert_eq!(waiters.waiting_keys(), 0);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
