@@ -43,14 +43,13 @@ use crate::metrics::{Metrics, Outcome};
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::store::{Claim, ClaimOutcome, Store, StoreError};
-use crate::wait::DuplicateWait;
+use crate::wait::{DuplicateWait, Timers};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// The `Retry-After` hint of an in-flight conflict (see [`Rejection::InFlight`]).
-const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The idempotency engine: a store, a clock and counters. Cheap to clone.
 #[derive(Clone)]
@@ -261,7 +260,35 @@ impl Engine {
         fingerprint: Fingerprint,
         policy: &Policy,
     ) -> Result<Begin, Rejection> {
-        let deadline = Instant::now() + policy.wait;
+        self.begin_with(key, fingerprint, policy, Timers::Tokio)
+            .await
+    }
+
+    /// [`begin`](Self::begin) with time standing still: a duplicate waits until the store wakes it,
+    /// however long that takes (never at a lease end or at `policy.wait`, which must not be zero).
+    /// Only the loom models (`tests/loom.rs`) use it, on an engine built
+    /// [`with_store_timeout(None)`](Self::with_store_timeout): loom cannot drive tokio's timers, and
+    /// without them a lost wake-up shows as a deadlock instead of a late timer.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub async fn begin_without_timers(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Begin, Rejection> {
+        let frozen = Timers::Frozen(tokio::time::Instant::from_std(std::time::Instant::now()));
+        self.begin_with(key, fingerprint, policy, frozen).await
+    }
+
+    async fn begin_with(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        timers: Timers,
+    ) -> Result<Begin, Rejection> {
+        let deadline = timers.now() + policy.wait;
         let mut wait = DuplicateWait::default();
         loop {
             let now = self.inner.clock.now();
@@ -322,7 +349,7 @@ impl Engine {
                 }
                 Found::InFlight { lease_until } => {
                     let lease_left = now.until(lease_until);
-                    let at_bound = Instant::now() >= deadline;
+                    let at_bound = timers.now() >= deadline;
                     if at_bound {
                         self.record(Outcome::Conflict, &key, policy);
                         return Err(Rejection::InFlight {
@@ -331,9 +358,9 @@ impl Engine {
                     }
                     // Wake on completion or release, when the lease runs out (takeover), or at
                     // the deadline; never on a polling tick.
-                    let wake = deadline.min(Instant::now() + lease_left);
+                    let wake = deadline.min(timers.now() + lease_left);
                     let store = self.inner.store.as_ref();
-                    if let Err(e) = wait.step(self, store, &key, wake).await {
+                    if let Err(e) = wait.step(self, store, &key, wake, timers).await {
                         return Err(self.unavailable(e, &key, policy));
                     }
                 }
@@ -469,6 +496,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::store::memory::MemoryStore;
+    use tokio::time::Instant;
 
     /// Record time that follows tokio's (paused) clock, so lease expiry and tokio sleeps agree.
     struct TokioClock {

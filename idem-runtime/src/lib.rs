@@ -30,6 +30,7 @@ pub mod policy;
 pub mod record;
 pub mod store;
 pub mod sweeper;
+mod sync;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod transaction;

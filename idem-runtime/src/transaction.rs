@@ -87,13 +87,13 @@
 //! ```
 
 use crate::clock::Timestamp;
-use crate::engine::{classify, Engine, Found, Rejection, Replay};
+use crate::engine::{classify, Engine, Found, Rejection, Replay, IN_FLIGHT_RETRY_AFTER};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, StoredResponse};
 use crate::store::{Claim, ClaimOutcome, Store, StoreError};
-use crate::wait::DuplicateWait;
+use crate::wait::{DuplicateWait, Timers};
 use sqlx::{Database, Transaction};
 use std::error::Error as _;
 use std::future::Future;
@@ -354,12 +354,17 @@ impl<S: TransactionalStore> Transactional<S> {
                     let lease_left = now.until(lease_until);
                     if Instant::now() >= deadline {
                         engine.record(Outcome::Conflict, &key, policy);
+                        // As in the default mode: a short hint, never the lease's end, which can
+                        // exceed a client's whole retry deadline.
                         return Err(Rejection::InFlight {
-                            retry_after: lease_left.max(Duration::from_secs(1)),
+                            retry_after: IN_FLIGHT_RETRY_AFTER,
                         });
                     }
                     let wake = deadline.min(Instant::now() + lease_left);
-                    if let Err(e) = wait.step(engine, self.store.as_ref(), &key, wake).await {
+                    if let Err(e) = wait
+                        .step(engine, self.store.as_ref(), &key, wake, Timers::Tokio)
+                        .await
+                    {
                         return Err(engine.unavailable(e, &key, policy));
                     }
                 }

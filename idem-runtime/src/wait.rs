@@ -39,6 +39,7 @@ impl DuplicateWait {
         store: &dyn Store,
         key: &RecordKey,
         wake: Instant,
+        timers: Timers,
     ) -> Result<(), StoreError> {
         if !self.armed {
             if self.subscription.is_none() {
@@ -52,7 +53,7 @@ impl DuplicateWait {
         if let Some(subscription) = &mut self.subscription {
             tokio::select! {
                 _ = subscription.changed() => {}
-                _ = tokio::time::sleep_until(wake) => {}
+                _ = timers.sleep_until(wake) => {}
             }
         }
         Ok(())
@@ -61,5 +62,34 @@ impl DuplicateWait {
     /// Whether this request has waited (subscribed) at all.
     pub(crate) fn waited(&self) -> bool {
         self.subscription.is_some()
+    }
+}
+
+/// The time a duplicate's wait is bounded with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Timers {
+    /// tokio's clock and timers (paused in tests that ask for it).
+    Tokio,
+    /// Time stands still at this instant and no timer ever fires (the loom models).
+    #[cfg(loom)]
+    Frozen(Instant),
+}
+
+impl Timers {
+    /// The current instant.
+    pub(crate) fn now(self) -> Instant {
+        match self {
+            Self::Tokio => Instant::now(),
+            #[cfg(loom)]
+            Self::Frozen(at) => at,
+        }
+    }
+
+    async fn sleep_until(self, wake: Instant) {
+        match self {
+            Self::Tokio => tokio::time::sleep_until(wake).await,
+            #[cfg(loom)]
+            Self::Frozen(_) => std::future::pending().await,
+        }
     }
 }

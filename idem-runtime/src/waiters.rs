@@ -4,85 +4,158 @@
 //! record; the store calls [`Waiters::notify`] after completing or releasing a key, and shared stores
 //! also call it when another process announces a change (PostgreSQL `NOTIFY`, Redis pub/sub). Entries
 //! exist only while someone waits, so the map stays as small as the number of waiting keys.
+//!
+//! The primitive is small on purpose, so that `tests/loom.rs` can check it under every interleaving:
+//! one mutex over a map from key to entry; an entry holds a generation (bumped by every notify), the
+//! number of live subscriptions (the entry goes when the last one drops) and the wakers of pending
+//! [`Subscription::changed`] futures. A subscription remembers the generation it last saw, so a
+//! notify between subscribing and awaiting is not lost: `changed` then resolves at once.
 
 use crate::record::RecordKey;
+use crate::sync::{Arc, Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use tokio::sync::watch;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::PoisonError;
+use std::task::{Context, Poll, Waker};
 
 /// The per-key wake-up registry of one store.
-#[derive(Debug, Default)]
 pub struct Waiters {
-    map: Arc<Mutex<HashMap<RecordKey, Weak<watch::Sender<()>>>>>,
+    registry: Arc<Mutex<Registry>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    entries: HashMap<RecordKey, Entry>,
+    /// Identifies each subscription's waker within its entry.
+    next_id: u64,
+}
+
+#[derive(Default)]
+struct Entry {
+    /// Bumped by every notify; a subscription that saw an older one has been notified.
+    generation: u64,
+    /// Live subscriptions to this key. The entry is removed when the last one drops, never before.
+    subscribers: usize,
+    /// The wakers of pending `changed()` futures, by subscription id (at most one each).
+    wakers: Vec<(u64, Waker)>,
+}
+
+impl Entry {
+    /// Marks the key notified and takes the wakers to wake (outside the lock: a waker may run
+    /// arbitrary code).
+    fn bump(&mut self) -> Vec<Waker> {
+        self.generation = self.generation.wrapping_add(1);
+        std::mem::take(&mut self.wakers)
+            .into_iter()
+            .map(|(_, waker)| waker)
+            .collect()
+    }
+
+    fn register(&mut self, id: u64, waker: &Waker) {
+        match self.wakers.iter_mut().find(|(owner, _)| *owner == id) {
+            Some((_, registered)) => registered.clone_from(waker),
+            None => self.wakers.push((id, waker.clone())),
+        }
+    }
+
+    fn deregister(&mut self, id: u64) {
+        self.wakers.retain(|(owner, _)| *owner != id);
+    }
+}
+
+/// Every critical section is a few map and vector operations that leave the registry consistent at
+/// each step, so a panic elsewhere while the lock was held (a waker's `clone`) cannot leave it half
+/// written and the poison can be ignored.
+fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    registry.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn wake(wakers: Vec<Waker>) {
+    for waker in wakers {
+        waker.wake();
+    }
 }
 
 impl Waiters {
     /// An empty registry.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            registry: Arc::new(Mutex::new(Registry::default())),
+        }
     }
 
     /// Subscribes to `key`: the returned subscription resolves on the next [`notify`](Self::notify)
     /// of `key` after this call.
     pub fn subscribe(&self, key: &RecordKey) -> Subscription {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        let sender = match map.get(key).and_then(Weak::upgrade) {
-            Some(sender) => sender,
-            None => {
-                let sender = Arc::new(watch::Sender::new(()));
-                map.insert(key.clone(), Arc::downgrade(&sender));
-                sender
-            }
-        };
-        let receiver = sender.subscribe();
+        let mut registry = lock(&self.registry);
+        let id = registry.next_id;
+        registry.next_id += 1;
+        let entry = registry.entries.entry(key.clone()).or_default();
+        entry.subscribers += 1;
+        let seen = entry.generation;
+        drop(registry);
         Subscription {
             inner: Some(Inner {
-                sender,
-                receiver,
+                registry: self.registry.clone(),
                 key: key.clone(),
-                map: Arc::downgrade(&self.map),
+                id,
+                seen,
             }),
         }
     }
 
     /// Wakes every subscriber of `key`. Cheap when nobody waits: one map lookup.
     pub fn notify(&self, key: &RecordKey) {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sender) = map.get(key).and_then(Weak::upgrade) {
-            sender.send_replace(());
-        }
+        let wakers = match lock(&self.registry).entries.get_mut(key) {
+            Some(entry) => entry.bump(),
+            None => return,
+        };
+        wake(wakers);
     }
 
     /// Wakes every subscriber of every key. Shared stores call it when they may have missed a
     /// notification (their listener connected or reconnected): each waiter then re-reads its record.
     pub fn notify_all(&self) {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        for sender in map.values().filter_map(Weak::upgrade) {
-            sender.send_replace(());
-        }
+        let wakers: Vec<Waker> = lock(&self.registry)
+            .entries
+            .values_mut()
+            .flat_map(Entry::bump)
+            .collect();
+        wake(wakers);
     }
 
     /// How many keys have subscribers (for tests and metrics).
     pub fn waiting_keys(&self) -> usize {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        lock(&self.registry).entries.len()
+    }
+}
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Waiters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not locking: formatting must never wait for, or deadlock with, a notify.
+        f.debug_struct("Waiters").finish_non_exhaustive()
     }
 }
 
 /// A pending wake-up for one key; see [`Waiters::subscribe`].
-#[derive(Debug)]
 pub struct Subscription {
     inner: Option<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
-    sender: Arc<watch::Sender<()>>,
-    receiver: watch::Receiver<()>,
+    registry: Arc<Mutex<Registry>>,
     key: RecordKey,
-    map: Weak<Mutex<HashMap<RecordKey, Weak<watch::Sender<()>>>>>,
+    id: u64,
+    /// The entry's generation when this subscription was made or last resolved `changed`.
+    seen: u64,
 }
 
 impl Subscription {
@@ -93,39 +166,115 @@ impl Subscription {
     }
 
     /// Resolves when the key was notified after subscribing (or after the previous `changed`).
+    ///
+    /// Cancel-safe: dropping the future before it resolves deregisters its waker and loses no
+    /// notification (the next `changed` resolves at once if one came in meanwhile).
     pub async fn changed(&mut self) {
         match &mut self.inner {
             Some(inner) => {
-                if inner.receiver.changed().await.is_err() {
-                    // The sender lives as long as this subscription, so this is unreachable; never spin.
-                    std::future::pending::<()>().await;
+                Changed {
+                    inner,
+                    registered: false,
                 }
+                .await
             }
             None => std::future::pending().await,
         }
     }
 }
 
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("key", &self.inner.as_ref().map(|inner| &inner.key))
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let Some(inner) = self.inner.take() else {
+        let Some(inner) = &self.inner else {
             return;
         };
-        let Some(map) = inner.map.upgrade() else {
-            return;
+        let mut registry = lock(&inner.registry);
+        let last = match registry.entries.get_mut(&inner.key) {
+            Some(entry) => {
+                entry.subscribers -= 1;
+                // Only a leaked (`mem::forget`) `changed` future can have left a waker here.
+                entry.deregister(inner.id);
+                entry.subscribers == 0
+            }
+            None => false,
         };
-        let mut map = map.lock().unwrap_or_else(PoisonError::into_inner);
-        // The map holds a weak reference; if ours is the last strong one, the entry goes with us.
-        if Arc::strong_count(&inner.sender) == 1 {
-            map.remove(&inner.key);
+        if last {
+            registry.entries.remove(&inner.key);
         }
-        drop(inner);
+    }
+}
+
+/// The future behind [`Subscription::changed`].
+struct Changed<'a> {
+    inner: &'a mut Inner,
+    /// Whether this future's waker may be in the entry (so dropping it must take it out).
+    registered: bool,
+}
+
+impl Future for Changed<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let mut registry = lock(&this.inner.registry);
+        let Some(entry) = registry.entries.get_mut(&this.inner.key) else {
+            // Unreachable: the entry lives as long as this subscription. Leave the wake-up to the
+            // caller's timers rather than spin.
+            return Poll::Pending;
+        };
+        if entry.generation != this.inner.seen {
+            this.inner.seen = entry.generation;
+            entry.deregister(this.inner.id);
+            this.registered = false;
+            return Poll::Ready(());
+        }
+        entry.register(this.inner.id, cx.waker());
+        this.registered = true;
+        Poll::Pending
+    }
+}
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        if !self.registered {
+            return;
+        }
+        if let Some(entry) = lock(&self.inner.registry).entries.get_mut(&self.inner.key) {
+            entry.deregister(self.inner.id);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn wakers(w: &Waiters, key: &RecordKey) -> usize {
+        lock(&w.registry)
+            .entries
+            .get(key)
+            .map_or(0, |entry| entry.wakers.len())
+    }
 
     #[tokio::test]
     async fn notify_wakes_subscribers_of_that_key_only() {
@@ -150,5 +299,58 @@ mod tests {
         assert_eq!(w.waiting_keys(), 1);
         drop(s2);
         assert_eq!(w.waiting_keys(), 0);
+    }
+
+    #[test]
+    fn a_cancelled_changed_deregisters_its_waker_and_loses_nothing() {
+        let w = Waiters::new();
+        let k = RecordKey::new("s", "k");
+        let mut sub = w.subscribe(&k);
+        let counter = std::sync::Arc::new(CountingWaker::default());
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        {
+            let mut changed = std::pin::pin!(sub.changed());
+            assert!(changed.as_mut().poll(&mut cx).is_pending());
+            // Polling again with the same waker does not register it twice.
+            assert!(changed.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(wakers(&w, &k), 1);
+        }
+        assert_eq!(wakers(&w, &k), 0, "the dropped future took its waker out");
+        w.notify(&k);
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            0,
+            "nobody woke a dropped future"
+        );
+        // The notification that came after the cancellation is still this subscription's.
+        let mut changed = std::pin::pin!(sub.changed());
+        assert!(changed.as_mut().poll(&mut cx).is_ready());
+    }
+
+    #[test]
+    fn notify_all_wakes_every_key_and_each_notification_is_seen_once() {
+        let w = Waiters::new();
+        let counter = std::sync::Arc::new(CountingWaker::default());
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut subs: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|k| w.subscribe(&RecordKey::new("s", *k)))
+            .collect();
+        let mut pending: Vec<_> = subs.iter_mut().map(|sub| Box::pin(sub.changed())).collect();
+        for changed in &mut pending {
+            assert!(changed.as_mut().poll(&mut cx).is_pending());
+        }
+        w.notify_all();
+        assert_eq!(counter.0.load(Ordering::SeqCst), 2);
+        for changed in &mut pending {
+            assert!(changed.as_mut().poll(&mut cx).is_ready());
+        }
+        drop(pending);
+        for sub in &mut subs {
+            // Consumed: the next `changed` waits for the next notification.
+            assert!(std::pin::pin!(sub.changed()).poll(&mut cx).is_pending());
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The in-memory store: for tests and single-process services.
 //!
 //! Every operation is one critical section under one mutex, which makes the claim trivially atomic.
+//! The mutex comes from `crate::sync`, so `tests/loom.rs` checks claim, complete and release under
+//! every interleaving.
 //! Memory stays bounded by the live records: each claim evicts a few records past retention (oldest
 //! first, through an index ordered by `retain_until`), and [`Purge`] evicts in batches.
 //! Nothing survives a restart, and a second process never sees these records: use SQLite,
@@ -9,8 +11,9 @@
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 
 /// How many records past retention one claim evicts at most (keeps each critical section short).
 const EVICT_PER_CLAIM: usize = 8;
@@ -86,7 +89,7 @@ impl MemoryStore {
         self.waiters.waiting_keys()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-written record: every mutation is a
         // single insert or remove, so the data is consistent and the poison can be ignored.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
