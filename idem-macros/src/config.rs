@@ -236,6 +236,13 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         }
     }
 
+    if let (Some(true), Some(ScopeSource::Global), Some(opt)) = (derive, &scope, &missing_key) {
+        errors.at(
+            &opt.value,
+            "`missing_key = \"derive\"` cannot be used with `scope = \"global\"`: two callers sending the identical request within `derive_window` would share one execution and one response; scope the handler to its caller (`scope = \"<parameter>\"`), or use `missing_key = \"pass\"` or \"reject\"",
+        );
+    }
+
     if let Some(opt) = &reject_after {
         if let Some(mk) = eff_missing_key.filter(|m| *m != MissingKey::Pass) {
             let now = match (mk, missing_key_value) {

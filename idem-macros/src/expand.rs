@@ -146,7 +146,11 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     };
     let name = sig.ident.unraw().to_string();
     policy.extend(quote_spanned!(def=> .handler(#name)));
-    policy.extend(quote_spanned!(check_span=> .checked()));
+    policy.extend(match &scope {
+        // Keys shared by every caller must not be derived from bodies that callers share.
+        ScopeSource::Global => quote_spanned!(check_span=> .checked_for_global_scope()),
+        ScopeSource::Param { .. } => quote_spanned!(check_span=> .checked()),
+    });
 
     // Parameters: the engine first, the last one wrapped so the body is buffered and captured.
     let mut inputs: Vec<FnArg> = sig.inputs.iter().cloned().collect();

@@ -97,7 +97,9 @@ use proc_macro::TokenStream;
 ///
 /// `scope = "global"` opts out: all callers share one key space. Use it for endpoints without
 /// callers to tell apart (a webhook receiver that dedupes on the sender's event id), never for
-/// per-user data. `"global"` always means this, even if a parameter is called `global`.
+/// per-user data. `"global"` always means this, even if a parameter is called `global`. It cannot be
+/// combined with `missing_key = "derive"`, under which two callers sending the same body would share
+/// one execution: that is a compile error.
 ///
 /// ## `ttl`, `retain`, `lease`, `wait`
 ///

@@ -248,6 +248,26 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// [`checked`](Self::checked), for a handler whose keys are shared by all callers
+    /// (`scope = "global"`): also refuses `missing_key = Derive`, under which two callers sending the
+    /// identical request within `derive_window` would share one execution and one response. The
+    /// `#[idempotent]` macro calls it for such handlers, so the mistake is a compile error.
+    ///
+    /// ```
+    /// use idem_runtime::policy::{MissingKey, Policy};
+    /// const SHARED: Policy = Policy::new().missing_key(MissingKey::Pass).checked_for_global_scope();
+    /// # let _ = SHARED;
+    /// ```
+    pub const fn checked_for_global_scope(self) -> Self {
+        let policy = self.checked();
+        if let MissingKey::Derive = policy.missing_key {
+            panic!("idem policy: `missing_key = derive` cannot be used with `scope = \"global\"`: two callers sending the identical request would share one execution; scope the handler to its caller");
+        }
+        policy
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self::new()
