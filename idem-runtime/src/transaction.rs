@@ -62,12 +62,13 @@
 //! # Use by hand
 //!
 //! ```no_run
-//! use idem_runtime::store::postgres::PostgresStore;
+//! // The same with `store::postgres::PostgresStore` (feature `postgres`).
+//! use idem_runtime::store::sqlite::SqliteStore;
 //! use idem_runtime::transaction::{Transactional, TxBegin};
 //! use idem_runtime::{sqlx, Engine, Fingerprint, Policy, RecordKey, StoredResponse};
 //! use std::sync::Arc;
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = Arc::new(PostgresStore::connect("postgres://app@db.internal/app").await?);
+//! let store = Arc::new(SqliteStore::connect("sqlite://app.db?mode=rwc").await?);
 //! let txn = Transactional::new(Engine::from_arc(store.clone()), store)?;
 //!
 //! let key = RecordKey::new("user-7", "order-42");
@@ -606,8 +607,8 @@ type Home<DB> = Arc<Mutex<Option<Transaction<'static, DB>>>>;
 ///
 /// ```no_run
 /// # use idem_runtime::{sqlx, Tx};
-/// # async fn write(mut tx: Tx<sqlx::Postgres>) -> Result<(), sqlx::Error> {
-/// sqlx::query("INSERT INTO payments (amount) VALUES ($1)")
+/// # async fn write(mut tx: Tx<sqlx::Sqlite>) -> Result<(), sqlx::Error> {
+/// sqlx::query("INSERT INTO payments (amount) VALUES (?)")
 ///     .bind(1000_i64)
 ///     .execute(&mut *tx)
 ///     .await?;
