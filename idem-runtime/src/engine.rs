@@ -197,12 +197,14 @@ impl Engine {
         &self.inner.metrics
     }
 
-    /// The bound on each store call, if any.
+    /// The bound on each store call, if any (transactional mode bounds its own calls with it).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn store_timeout(&self) -> Option<Duration> {
         self.inner.store_timeout
     }
 
-    /// The `Retry-After` hint for an unavailable store.
+    /// The `Retry-After` hint for an unavailable store (the HTTP layer's failed-commit answer).
+    #[cfg(all(feature = "axum", any(feature = "sqlite", feature = "postgres")))]
     pub(crate) fn unavailable_retry_after(&self) -> Duration {
         self.inner.unavailable_retry_after
     }
