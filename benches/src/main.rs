@@ -10,7 +10,10 @@
 //! and `IDEM_BENCH_RSS_SECS` (time cap of the RSS run, 240), `IDEM_BENCH_RSS_STORE` (where the
 //! payments example keeps its records in the RSS run: `shared`, the default, or `sqlite`, `memory`);
 //! `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`, database `idem_bench` is
-//! created) and `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed).
+//! created) and `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed). `IDEM_BENCH_STORES`
+//! limits the throughput, contention and scale sections to some stores (comma-separated: `memory`,
+//! `sqlite`, `postgres`, `redis`; default all): `IDEM_BENCH_STORES=redis … -- throughput` measures
+//! the plain handler and Redis alone, in a quarter of the time.
 
 mod alloc;
 mod contention;

@@ -202,22 +202,42 @@ pub(crate) async fn redis(
     Ok((Arc::new(store), conn))
 }
 
-/// Every backend that can be reached; the unreachable ones are reported and skipped.
+/// Whether `IDEM_BENCH_STORES` (a comma-separated list of `memory`, `sqlite`, `postgres`, `redis`;
+/// unset or empty: all) selects `backend`.
+fn selected(backend: Backend) -> bool {
+    let list = std::env::var("IDEM_BENCH_STORES").unwrap_or_default();
+    let name = match backend {
+        Backend::Memory => "memory",
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+        Backend::Redis => "redis",
+    };
+    list.trim().is_empty() || list.split(',').any(|s| s.trim().eq_ignore_ascii_case(name))
+}
+
+/// Every selected backend that can be reached; the unreachable ones are reported and skipped.
 pub(crate) async fn handles() -> Vec<(Backend, Handle)> {
-    let mut out = vec![
-        (
+    let mut out = Vec::new();
+    if selected(Backend::Memory) {
+        out.push((
             Backend::Memory,
             Handle::Memory(Arc::new(MemoryStore::new())),
-        ),
-        (Backend::Sqlite, Handle::Sqlite(sqlite("http").await)),
-    ];
-    match postgres(None).await {
-        Ok(s) => out.push((Backend::Postgres, Handle::Postgres(s))),
-        Err(e) => eprintln!("skipping PostgreSQL: {e}"),
+        ));
     }
-    match redis(None).await {
-        Ok((s, c)) => out.push((Backend::Redis, Handle::Redis(s, c))),
-        Err(e) => eprintln!("skipping Redis: {e}"),
+    if selected(Backend::Sqlite) {
+        out.push((Backend::Sqlite, Handle::Sqlite(sqlite("http").await)));
+    }
+    if selected(Backend::Postgres) {
+        match postgres(None).await {
+            Ok(s) => out.push((Backend::Postgres, Handle::Postgres(s))),
+            Err(e) => eprintln!("skipping PostgreSQL: {e}"),
+        }
+    }
+    if selected(Backend::Redis) {
+        match redis(None).await {
+            Ok((s, c)) => out.push((Backend::Redis, Handle::Redis(s, c))),
+            Err(e) => eprintln!("skipping Redis: {e}"),
+        }
     }
     out
 }

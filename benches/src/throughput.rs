@@ -59,6 +59,10 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
             floor,
         });
     }
+    if targets.is_empty() {
+        eprintln!("throughput: no store selected or reachable (IDEM_BENCH_STORES)");
+        return;
+    }
     let replay_keys: Arc<Vec<String>> =
         Arc::new((0..REPLAY_KEYS).map(|i| format!("replay-{i}")).collect());
     let bounds = Bounds {

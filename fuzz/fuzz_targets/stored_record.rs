@@ -1,10 +1,10 @@
-//! Decoding what a store holds, from arbitrary bytes: the header list every store keeps as JSON
-//! (`StoredResponse::decode_headers`), and the Redis store's record fields and completion-message
-//! tags. Never panics; what decodes re-encodes to the same value.
+//! Decoding what a store holds, from arbitrary bytes: the header list the SQL stores keep as JSON
+//! (`StoredResponse::decode_headers`), and the Redis store's record values and completion-message
+//! tags. Never panics; what decodes re-encodes to a value that decodes the same.
 #![no_main]
 
 use idem_runtime::store::redis::fuzzing;
-use idem_runtime::{RecordKey, StoredResponse};
+use idem_runtime::{RecordKey, StoreErrorKind, StoredResponse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,12 +29,15 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         1 => {
-            // Ten fields, as HMGET returns them: separated by 0xff, a field of one 0xfe is nil.
-            let fields: Vec<Option<Vec<u8>>> = rest
-                .split(|&b| b == 0xff)
-                .map(|f| (f != [0xfe]).then(|| f.to_vec()))
-                .collect();
-            let _ = fuzzing::decode_record(&fields);
+            // A record value, as `GET` returns it: anything decodes to a record or fails as
+            // corrupt, and a record survives its own encoding.
+            match fuzzing::decode_record(rest) {
+                Ok(record) => {
+                    let value = fuzzing::encode_record(&record).expect("a decoded record encodes");
+                    assert_eq!(fuzzing::decode_record(&value).ok(), Some(record));
+                }
+                Err(e) => assert_eq!(e.kind(), StoreErrorKind::Corrupt),
+            }
         }
         _ => {
             if let Some(key) = fuzzing::decode_tag(rest) {

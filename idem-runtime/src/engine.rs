@@ -187,6 +187,12 @@ impl Engine {
         &self.inner.store
     }
 
+    /// The store, to call: a method called on the `Arc` itself would resolve to the `Store for
+    /// Arc<S>` impl, which boxes the store's future a second time on every call.
+    pub(crate) fn store_ref(&self) -> &dyn Store {
+        self.inner.store.as_ref()
+    }
+
     /// The current time on the engine's clock.
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
@@ -304,7 +310,7 @@ impl Engine {
                 expires_at: now + policy.ttl,
                 retain_until: now + policy.retain,
             };
-            let found = match self.call(self.inner.store.claim(&claim)).await {
+            let found = match self.call(self.store_ref().claim(&claim)).await {
                 Ok(ClaimOutcome::Claimed { taken_over }) => {
                     let outcome = if taken_over {
                         Outcome::TakenOver
@@ -361,7 +367,7 @@ impl Engine {
                     // Wake on completion or release, when the lease runs out (takeover), or at
                     // the deadline; never on a polling tick.
                     let wake = deadline.min(timers.now() + lease_left);
-                    let store = self.inner.store.as_ref();
+                    let store = self.store_ref();
                     if let Err(e) = wait.step(self, store, &key, wake, timers).await {
                         return Err(self.unavailable(e, &key, policy));
                     }
@@ -451,8 +457,7 @@ impl ClaimGuard {
             .engine
             .call(
                 self.engine
-                    .inner
-                    .store
+                    .store_ref()
                     .complete(&self.key, self.token, response),
             )
             .await;
@@ -469,7 +474,7 @@ impl ClaimGuard {
         self.armed = false;
         self.engine.inner.metrics.record(Outcome::Released);
         self.engine
-            .call(self.engine.inner.store.release(&self.key, self.token))
+            .call(self.engine.store_ref().release(&self.key, self.token))
             .await
     }
 }
@@ -485,7 +490,7 @@ impl Drop for ClaimGuard {
         let token = self.token;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                if let Err(e) = store.release(&key, token).await {
+                if let Err(e) = store.as_ref().release(&key, token).await {
                     tracing::debug!(target: "idem", error = %e, "background release failed; the lease will run out");
                 }
             });

@@ -60,77 +60,357 @@ idem_tests::conformance_suite!(redis);
 
 mod redis_only {
     use super::redis;
-    use idem_runtime::clock::Clock;
+    use futures_util::StreamExt;
+    use idem_runtime::clock::{Clock, Timestamp};
     use idem_runtime::store::redis::RedisStore;
-    use idem_runtime::store::{Claim, ClaimOutcome, Purge};
+    use idem_runtime::store::{Claim, ClaimOutcome, Purge, StoreError, Subscription};
     use idem_runtime::sweeper::Sweeper;
-    use idem_runtime::{Begin, Engine, FencingToken, Rejection, Store, StoreErrorKind};
+    use idem_runtime::{
+        Begin, Engine, FencingToken, Policy, Record, RecordKey, RecordState, Rejection, Store,
+        StoreErrorKind, StoredResponse,
+    };
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
     use idem_tests::proxy::Proxy;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
+    use tokio::sync::Notify;
 
     /// Bounds a step that should finish at once, so that a broken wake-up fails instead of hanging;
     /// it never decides a pass.
     const GENEROUS: Duration = Duration::from_secs(30);
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn completion_on_one_instance_wakes_waiters_on_another() {
-        let Some(backend) = redis().await else { return };
-        let a = Harness::new(backend.store().await);
-        let b = Harness::with_clock(backend.store().await, a.clock.clone());
+    /// A plain connection to the test server, for looking at and writing raw values.
+    async fn raw(backend: &super::Redis) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(backend.url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect")
+    }
 
-        // The store level: B's subscription fires for A's completion, which only pub/sub carries.
+    async fn value(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Vec<u8>> {
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .expect("get")
+    }
+
+    /// The message a completion publishes for `key`: the hash tag of its Redis key.
+    fn tag(store: &RedisStore, key: &RecordKey) -> String {
+        let redis_key = store.redis_key(key);
+        let open = redis_key.find('{').expect("a hash tag");
+        redis_key[open + 1..redis_key.len() - 1].to_owned()
+    }
+
+    /// A completion on instance A wakes a waiter on instance B, which shares nothing with A but the
+    /// Redis server: the wake-up can only come through pub/sub, and only because B announced itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn completion_on_one_instance_wakes_a_waiter_on_another() {
+        let Some(backend) = redis().await else { return };
+        let a = backend.store().await;
+        let b = backend.store().await;
+        assert!(b.is_subscribed(), "connect returns once subscribed");
+
         let key = fresh_key();
-        let guard = match a.engine.begin(key.clone(), fp("a"), &policy()).await {
-            Ok(Begin::Execute(guard)) => guard,
-            other => panic!("expected Execute, got {other:?}"),
-        };
-        let mut woken = b.store.subscribe(&key);
-        guard.complete(&response("a")).await.expect("complete");
+        let claim = fresh_claim(&key, T0);
+        a.claim(&claim).await.expect("claim");
+        let mut woken = b.subscribe(&key);
+        b.announce_waiter(&key).await.expect("announce");
+        let other_key = fresh_key();
+        let other_claim = fresh_claim(&other_key, T0);
+        a.claim(&other_claim).await.expect("claim");
+        let mut other = b.subscribe(&other_key);
+        b.announce_waiter(&other_key).await.expect("announce");
+        a.complete(&key, claim.token, &response("a"))
+            .await
+            .expect("complete");
         tokio::time::timeout(GENEROUS, woken.changed())
             .await
             .expect("B was woken by A's completion");
-
-        // The engine level: a duplicate waiting on B replays A's response. Lease and wait are far
-        // longer than the bound, so only the wake-up can end the wait in time.
-        let long = policy()
-            .lease(Duration::from_secs(600))
-            .wait(Duration::from_secs(600));
-        let key = fresh_key();
-        let guard = match a.engine.begin(key.clone(), fp("a"), &long).await {
-            Ok(Begin::Execute(guard)) => guard,
-            other => panic!("expected Execute, got {other:?}"),
-        };
-        let subscribed = b.store.subscribed.clone();
-        let engine = b.engine.clone();
-        let duplicate = tokio::spawn(async move { engine.begin(key, fp("a"), &long).await });
-        subscribed.notified().await;
-        guard.complete(&response("b")).await.expect("complete");
-        match tokio::time::timeout(GENEROUS, duplicate)
-            .await
-            .expect("the waiter on B was woken")
-            .expect("join")
-        {
-            Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("b")),
-            other => panic!("expected Replay, got {other:?}"),
-        }
+        let record = b.get(&key, T0).await.expect("get").expect("record");
+        assert_eq!(
+            record.state,
+            RecordState::Completed {
+                response: response("a")
+            }
+        );
+        // The message names its key: B's waiter on another key stays asleep.
+        let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
+        assert!(woken.is_err(), "a waiter on another key was woken");
 
         // A release wakes the other instance too.
         let key = fresh_key();
-        let guard = match a.engine.begin(key.clone(), fp("a"), &policy()).await {
-            Ok(Begin::Execute(guard)) => guard,
-            other => panic!("expected Execute, got {other:?}"),
-        };
-        let mut woken = b.store.subscribe(&key);
-        guard.release().await.expect("release");
+        let claim = fresh_claim(&key, T0);
+        a.claim(&claim).await.expect("claim");
+        let mut woken = b.subscribe(&key);
+        b.announce_waiter(&key).await.expect("announce");
+        a.release(&key, claim.token).await.expect("release");
         tokio::time::timeout(GENEROUS, woken.changed())
             .await
             .expect("B was woken by A's release");
+        assert!(b.get(&key, T0).await.expect("get").is_none());
     }
 
+    /// Wraps instance B's store to tell the test when its waiting duplicate has armed its wait: it
+    /// has subscribed, announced itself and read the record again (its second claim).
+    struct Rechecked {
+        inner: RedisStore,
+        /// B's claims since the test last reset it.
+        claims: Arc<AtomicUsize>,
+        rechecked: Arc<Notify>,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Rechecked {
+        async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+            let found = self.inner.claim(claim).await;
+            if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
+                self.rechecked.notify_one();
+            }
+            found
+        }
+        async fn complete(
+            &self,
+            key: &RecordKey,
+            token: FencingToken,
+            response: &StoredResponse,
+        ) -> Result<(), StoreError> {
+            self.inner.complete(key, token, response).await
+        }
+        async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+            self.inner.release(key, token).await
+        }
+        async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+            self.inner.get(key, now).await
+        }
+        fn subscribe(&self, key: &RecordKey) -> Subscription {
+            self.inner.subscribe(key)
+        }
+        async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+            self.inner.announce_waiter(key).await
+        }
+    }
+
+    /// Through the engine: a duplicate waiting on instance B, its wait armed before instance A's
+    /// original completes, is woken by A's completion (it can only hear of it through pub/sub, and
+    /// only if its announcement marked the record) and replays, long before its 10-minute wait bound
+    /// or lease end.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_replay_is_one_round_trip() {
+    async fn a_waiting_duplicate_on_another_instance_is_woken_through_redis() {
+        let Some(backend) = redis().await else { return };
+        let long = Policy::new()
+            .ttl(Duration::from_secs(3600))
+            .lease(Duration::from_secs(600))
+            .wait(Duration::from_secs(600))
+            .handler("cross-instance");
+        let a = Engine::new(backend.store().await);
+        let rechecked = Arc::new(Notify::new());
+        let claims = Arc::new(AtomicUsize::new(0));
+        let b = Engine::new(Rechecked {
+            inner: backend.store().await,
+            claims: claims.clone(),
+            rechecked: rechecked.clone(),
+        });
+        for round in 0..3 {
+            claims.store(0, Ordering::SeqCst);
+            let key = fresh_key();
+            let original = match a.begin(key.clone(), fp("a"), &long).await {
+                Ok(Begin::Execute(guard)) => guard,
+                other => panic!("round {round}: the original claims, got {other:?}"),
+            };
+            let duplicate = {
+                let (b, key) = (b.clone(), key.clone());
+                tokio::spawn(async move { b.begin(key, fp("a"), &long).await })
+            };
+            tokio::time::timeout(GENEROUS, rechecked.notified())
+                .await
+                .expect("the duplicate armed its wait");
+            original.complete(&response("a")).await.expect("complete");
+            let replayed = tokio::time::timeout(GENEROUS, duplicate)
+                .await
+                .expect("woken by the completion, not by its bound")
+                .expect("join");
+            match replayed {
+                Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
+                other => panic!("round {round}: the duplicate replays, got {other:?}"),
+            }
+        }
+    }
+
+    /// Completions and releases publish only records a waiter announced: every message reaches every
+    /// instance's listener, so a message per completion would cost every instance work for every
+    /// request. Observed by a raw subscriber on the channel; a sentinel published after each operation
+    /// proves that nothing came before it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_awaited_records_are_published() {
+        let Some(backend) = redis().await else { return };
+        let store = backend.store().await;
+        let channel = format!("{}:done", backend.prefix);
+        let mut conn = raw(&backend).await;
+        let mut pubsub = redis::Client::open(backend.url.as_str())
+            .expect("url")
+            .get_async_pubsub()
+            .await
+            .expect("pubsub");
+        pubsub.subscribe(&channel).await.expect("subscribe");
+        let mut messages = pubsub.on_message();
+        let mut next = async || -> String {
+            tokio::time::timeout(GENEROUS, messages.next())
+                .await
+                .expect("a message arrives")
+                .expect("subscribed")
+                .get_payload()
+                .expect("text")
+        };
+        let mut sentinel = async || {
+            redis::cmd("PUBLISH")
+                .arg(&channel)
+                .arg("sentinel")
+                .query_async::<i64>(&mut conn)
+                .await
+                .expect("sentinel");
+        };
+
+        // Nobody waits: completion and release send nothing before the sentinel.
+        let done = fresh_key();
+        let claim = fresh_claim(&done, T0);
+        store.claim(&claim).await.expect("claim");
+        store
+            .complete(&done, claim.token, &response("a"))
+            .await
+            .expect("complete");
+        let released = fresh_key();
+        let claim = fresh_claim(&released, T0);
+        store.claim(&claim).await.expect("claim");
+        store
+            .release(&released, claim.token)
+            .await
+            .expect("release");
+        sentinel().await;
+        assert_eq!(next().await, "sentinel");
+
+        // Announced (twice: the second changes nothing): each sends its key's tag, then the
+        // sentinel follows.
+        for release in [false, true] {
+            let key = fresh_key();
+            let claim = fresh_claim(&key, T0);
+            store.claim(&claim).await.expect("claim");
+            store.announce_waiter(&key).await.expect("announce");
+            store
+                .announce_waiter(&key)
+                .await
+                .expect("a second announce");
+            if release {
+                store.release(&key, claim.token).await.expect("release");
+            } else {
+                store
+                    .complete(&key, claim.token, &response("a"))
+                    .await
+                    .expect("complete");
+            }
+            sentinel().await;
+            assert_eq!(next().await, tag(&store, &key));
+            assert_eq!(next().await, "sentinel", "one message per change");
+        }
+
+        // A takeover keeps the announcement: the duplicate waiting for the dead worker's claim
+        // hears the completion of the claim that replaced it.
+        let key = fresh_key();
+        let dead = fresh_claim(&key, T0);
+        store.claim(&dead).await.expect("claim");
+        store.announce_waiter(&key).await.expect("announce");
+        let later = T0 + Duration::from_secs(60);
+        let taker = fresh_claim(&key, later);
+        assert_eq!(
+            store.claim(&taker).await.expect("claim"),
+            ClaimOutcome::Claimed { taken_over: true }
+        );
+        store
+            .complete(&key, taker.token, &response("b"))
+            .await
+            .expect("complete");
+        sentinel().await;
+        assert_eq!(next().await, tag(&store, &key));
+        assert_eq!(next().await, "sentinel");
+
+        // Announcing a completed record or an absent key changes nothing.
+        let before = value(&mut conn, &store.redis_key(&done)).await;
+        store.announce_waiter(&done).await.expect("announce");
+        assert_eq!(value(&mut conn, &store.redis_key(&done)).await, before);
+        let absent = fresh_key();
+        store.announce_waiter(&absent).await.expect("announce");
+        assert_eq!(value(&mut conn, &store.redis_key(&absent)).await, None);
+    }
+
+    /// Many claims at once on a record whose worker died, and on one past retention: the store
+    /// decodes the record, then replaces it with a script that checks it is still the one decoded, so
+    /// exactly one claim wins and every other sees the winner's claim. A takeover keeps the key's TTL
+    /// and the record's times; a replaced forgotten record gets the new claim's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_replacements_elect_exactly_one() {
+        let Some(backend) = redis().await else { return };
+        let store = Arc::new(backend.store().await);
+        let mut conn = raw(&backend).await;
+        let pttl = async |conn: &mut redis::aio::MultiplexedConnection, key: &str| -> i64 {
+            redis::cmd("PTTL")
+                .arg(key)
+                .query_async(conn)
+                .await
+                .expect("pttl")
+        };
+        let four_hours = 4 * 3600 * 1000;
+
+        for (at, taken_over) in [
+            (T0 + Duration::from_secs(60), true),
+            (T0 + Duration::from_secs(5 * 3600), false),
+        ] {
+            let key = fresh_key();
+            let first = fresh_claim(&key, T0);
+            store.claim(&first).await.expect("claim");
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let (store, key) = (store.clone(), key.clone());
+                    tokio::spawn(async move {
+                        let mut claim = fresh_claim(&key, at);
+                        claim.retain_until = at + Duration::from_secs(8 * 3600);
+                        let outcome = store.claim(&claim).await.expect("claim");
+                        (claim.token, outcome)
+                    })
+                })
+                .collect();
+            let mut winners = Vec::new();
+            let mut seen = Vec::new();
+            for task in tasks {
+                match task.await.expect("join") {
+                    (token, ClaimOutcome::Claimed { taken_over: t }) => {
+                        assert_eq!(t, taken_over);
+                        winners.push(token);
+                    }
+                    (_, ClaimOutcome::Existing(record)) => seen.push(record.token),
+                }
+            }
+            assert_eq!(winners.len(), 1, "exactly one claim wins");
+            assert!(seen.iter().all(|t| *t == winners[0]), "the others see it");
+            let record = store.get(&key, at).await.expect("get").expect("record");
+            assert_eq!(record.token, winners[0]);
+            let ttl = pttl(&mut conn, &store.redis_key(&key)).await;
+            if taken_over {
+                assert_eq!(record.retain_until, first.retain_until, "times are kept");
+                assert_eq!(record.created_at, T0);
+                assert!(ttl > 0 && ttl <= four_hours, "the TTL is kept: {ttl}");
+            } else {
+                assert_eq!(record.created_at, at, "a new record");
+                assert!(ttl > four_hours, "a fresh TTL: {ttl}");
+            }
+        }
+    }
+
+    /// A replay, a mismatch and a fresh claim are each one plain `SET … NX GET`; a new request adds
+    /// one script, the completion.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replay_is_one_plain_command() {
         let Some(backend) = redis().await else { return };
         let proxy = Proxy::redis(&backend.url).await;
         let store = RedisStore::builder(proxy.url())
@@ -139,6 +419,13 @@ mod redis_only {
             .await
             .expect("connect through the proxy");
         let h = Harness::new(store);
+        let sent_since = |before: usize| -> Vec<String> {
+            proxy.commands()[before..]
+                .iter()
+                .filter(|c| *c != "PING") // the pub/sub keepalive
+                .cloned()
+                .collect()
+        };
         let key = fresh_key();
         match h.engine.begin(key.clone(), fp("a"), &policy()).await {
             Ok(Begin::Execute(guard)) => guard.complete(&response("a")).await.expect("complete"),
@@ -150,14 +437,8 @@ mod redis_only {
             Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
             other => panic!("expected Replay, got {other:?}"),
         }
-        let sent: Vec<String> = proxy.commands()[before..]
-            .iter()
-            .filter(|c| *c != "PING") // the pub/sub keepalive
-            .cloned()
-            .collect();
-        assert_eq!(sent, ["EVALSHA"], "a replay is the claim script alone");
+        assert_eq!(sent_since(before), ["SET"], "a replay is one SET NX GET");
 
-        // A mismatch and a fresh claim are one command too.
         let before = proxy.commands().len();
         let mismatch = h.engine.begin(key, fp("b"), &policy()).await;
         assert!(
@@ -165,13 +446,13 @@ mod redis_only {
             "{mismatch:?}"
         );
         let fresh = h.engine.begin(fresh_key(), fp("a"), &policy()).await;
-        assert!(matches!(fresh, Ok(Begin::Execute(_))), "{fresh:?}");
-        let sent: Vec<String> = proxy.commands()[before..]
-            .iter()
-            .filter(|c| *c != "PING")
-            .cloned()
-            .collect();
-        assert_eq!(sent, ["EVALSHA", "EVALSHA"]);
+        let Ok(Begin::Execute(guard)) = fresh else {
+            panic!("expected Execute, got {fresh:?}");
+        };
+        assert_eq!(sent_since(before), ["SET", "SET"]);
+        let before = proxy.commands().len();
+        guard.complete(&response("b")).await.expect("complete");
+        assert_eq!(sent_since(before), ["EVALSHA"], "the completion script");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,6 +587,16 @@ mod redis_only {
             ClaimOutcome::Claimed { taken_over: false }
         );
         let mut woken = b.subscribe(&key);
+        // B's command connection went through the cut too: its first call may meet the dead
+        // connection, and the manager reconnects on the next.
+        let mut announced = false;
+        for _ in 0..5 {
+            if b.announce_waiter(&key).await.is_ok() {
+                announced = true;
+                break;
+            }
+        }
+        assert!(announced, "B announces once reconnected");
         a.complete(&key, claim.token, &response("a"))
             .await
             .expect("complete");
@@ -314,58 +605,94 @@ mod redis_only {
             .expect("B is woken by A's completion again");
     }
 
+    /// Values the store cannot read are reported as corrupt, by every operation, and never changed:
+    /// not by a claim (even one that would find the record past retention), an announcement, a
+    /// completion, a release or a purge.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unreadable_records_are_corrupt_and_left_alone() {
         let Some(backend) = redis().await else { return };
         let store = backend.store().await;
-        let client = redis::Client::open(backend.url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
+        let mut conn = raw(&backend).await;
+        let later = T0 + Duration::from_secs(5 * 3600);
 
-        // Another type at a record's key.
+        // A hash at a record's key: what the layout before this one wrote.
         let key = fresh_key();
-        redis::cmd("SET")
-            .arg(store.redis_key(&key))
-            .arg("not a record")
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("set");
-        let err = store
-            .claim(&fresh_claim(&key, T0))
-            .await
-            .expect_err("corrupt");
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-
-        // A record with a field that does not parse: reported, never overwritten by a claim.
-        let key = fresh_key();
-        let claim = fresh_claim(&key, T0);
-        store.claim(&claim).await.expect("claim");
         redis::cmd("HSET")
             .arg(store.redis_key(&key))
-            .arg("expires")
-            .arg("soon")
+            .arg("state")
+            .arg("inflight")
             .query_async::<()>(&mut conn)
             .await
             .expect("hset");
-        let err = store.get(&key, T0).await.expect_err("corrupt");
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        let err = store
-            .claim(&fresh_claim(&key, T0 + Duration::from_secs(60)))
+        for err in [
+            store
+                .claim(&fresh_claim(&key, T0))
+                .await
+                .expect_err("claim"),
+            store.get(&key, T0).await.expect_err("get"),
+            store
+                .complete(&key, FencingToken(1), &response("a"))
+                .await
+                .expect_err("complete"),
+        ] {
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+        }
+
+        // A string that is not a record; and a record of another layout version.
+        let garbage = fresh_key();
+        redis::cmd("SET")
+            .arg(store.redis_key(&garbage))
+            .arg("not a record, but long enough to hold a record's header: 75 bytes or more")
+            .query_async::<()>(&mut conn)
             .await
-            .expect_err("corrupt");
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        let token: String = redis::cmd("HGET")
+            .expect("set");
+        let versioned = fresh_key();
+        let claim = fresh_claim(&versioned, T0);
+        store.claim(&claim).await.expect("claim");
+        redis::cmd("SETRANGE")
+            .arg(store.redis_key(&versioned))
+            .arg(0)
+            .arg(&[2u8][..])
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("setrange");
+        for key in [&garbage, &versioned] {
+            let before = value(&mut conn, &store.redis_key(key)).await;
+            assert!(before.is_some());
+            let errors = [
+                store.get(key, T0).await.expect_err("get"),
+                store
+                    .claim(&fresh_claim(key, later))
+                    .await
+                    .expect_err("claim"),
+                store
+                    .complete(key, claim.token, &response("a"))
+                    .await
+                    .expect_err("complete"),
+                store.release(key, claim.token).await.expect_err("release"),
+            ];
+            for err in errors {
+                assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{key}: {err}");
+            }
+            store.announce_waiter(key).await.expect("announce");
+            store
+                .purge_expired(later + Duration::from_secs(365 * 86_400), 1_000)
+                .await
+                .expect("purge");
+            assert_eq!(
+                value(&mut conn, &store.redis_key(key)).await,
+                before,
+                "{key} changed"
+            );
+        }
+        let kind: String = redis::cmd("TYPE")
             .arg(store.redis_key(&key))
-            .arg("tok")
             .query_async(&mut conn)
             .await
-            .expect("hget");
+            .expect("type");
         assert_eq!(
-            token,
-            claim.token.0.to_string(),
-            "the claim changed nothing"
+            kind, "hash",
+            "the purges left the hash alone, and did not fail on it"
         );
     }
 

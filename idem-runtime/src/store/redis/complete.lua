@@ -1,21 +1,33 @@
 -- idem RedisStore::complete: stores the response of a claim that is still current.
 --
--- KEYS[1]  the record's hash
--- ARGV[1]  the caller's fencing token (decimal, compared as a string)
--- ARGV[2]  the HTTP status
--- ARGV[3]  the replayable headers, a JSON array of [name, value] pairs
--- ARGV[4]  the body (binary)
--- ARGV[5]  the store's notification channel
--- ARGV[6]  the message to publish: the record's key tag, which names the record to every instance
+-- KEYS[1]  the record's key, `<prefix>:{<tag>}`
+-- ARGV[1]  the caller's fencing token (its 8 stored bytes)
+-- ARGV[2]  the response, encoded as a completed record's tail (blob.rs): appended to the header
 --
--- Returns 1 if the record was in flight under ARGV[1] and is now completed (and the channel was
--- told); 0 if not (no record, another token, or already completed), in which case nothing changed.
--- HSET keeps the key's TTL, so the record still disappears at retain_until.
-local r = redis.call('HMGET', KEYS[1], 'state', 'tok')
-if r[1] ~= 'inflight' or r[2] ~= ARGV[1] then
+-- Returns 1 if the record was in flight under ARGV[1] and is now completed, 0 if not (no record,
+-- another token, or already completed), -1 if the key holds something that is not a record of
+-- layout version 1; in the last two cases nothing changed. SET KEEPTTL keeps the key's TTL, so the
+-- record still disappears at retain_until.
+--
+-- If the record is watched (a duplicate announced itself, announce.lua), publishes <tag> on
+-- `<prefix>:done`, both read from the key (the prefix has no braces). With many instances every
+-- message reaches every instance, so records nobody waits for publish nothing.
+local cur = redis.call('GET', KEYS[1])
+if not cur then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lease')
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+if #cur < 75 or string.byte(cur, 1) ~= 1 then
+  return -1
+end
+if string.byte(cur, 2) ~= 70 or string.sub(cur, 4, 11) ~= ARGV[1] then -- 70 is 'F'
+  return 0
+end
+if #cur ~= 75 then
+  return -1
+end
+redis.call('SET', KEYS[1], '\1D' .. string.sub(cur, 3) .. ARGV[2], 'KEEPTTL')
+if string.byte(cur, 3) == 1 then
+  local open = string.find(KEYS[1], '{', 1, true)
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, open - 2) .. ':done', string.sub(KEYS[1], open + 1, -2))
+end
 return 1

@@ -1,42 +1,68 @@
 //! The Redis store: records shared by every instance of a service, kept by one Redis server.
 //!
 //! # Layout
-//! One hash per record at `<prefix>:{<n>:<scope>:<key>}`, where `n` is the byte length of the
-//! (escaped) scope, so that scopes and keys containing `:` can never meet, and `%`, `{` and `}` are
-//! percent-escaped so that the braces are always the key's [hash tag]: every script touches exactly one
-//! key, so each runs within one Redis Cluster slot. Fields: `state` (`inflight` or `done`), `fp`,
-//! `tok`, `created`, `expires`, `retain`, `lease` (in flight), `status`, `headers`, `body` (done).
+//! One Redis string per record at `<prefix>:{<n>:<scope>:<key>}`, where `n` is the byte length of
+//! the (escaped) scope, so that scopes and keys containing `:` can never meet, and `%`, `{` and `}`
+//! are percent-escaped so that the braces are always the key's [hash tag]: every command and script
+//! touches exactly one key, so each runs within one Redis Cluster slot.
+//!
+//! The value is a compact binary record (`blob.rs`): a fixed 75-byte header (layout version, state,
+//! a `watched` flag, fencing token, created/expires/retain/lease times, fingerprint), followed, once
+//! completed, by the status, headers and body. The fields the scripts check sit at fixed offsets, so
+//! they check a token by slicing the value. Values in any other layout, including the hashes of the
+//! layout before this one, are reported as corrupt and never overwritten.
 //!
 //! # Operations
-//! Each operation is one Lua script (sent as `EVALSHA` through [`::redis::Script`]; the scripts, with
-//! their KEYS, ARGV and replies documented at the top, live next to this file):
+//! The common paths are plain commands; only conditional writes are Lua scripts (sent as `EVALSHA`,
+//! and loaded when the server answers `NOSCRIPT`; the scripts, with their KEYS, ARGV and replies
+//! documented at the top, live next to this file). Every command is built at its final size, and keys
+//! and responses are written straight into it: at high concurrency the client's allocations, not
+//! the round trips, are what separates the store from plain commands.
 //!
-//! - `claim.lua` inserts, takes over or returns the existing record in one step: a replay costs one
-//!   round trip.
-//! - `complete.lua` and `release.lua` check the fencing token and the in-flight state, write or
-//!   delete, and `PUBLISH` the record's tag on `<prefix>:done`.
-//! - `get` is one `HMGET`.
+//! - **claim** is `SET key <in-flight record> NX GET PX <retain_until - now>`: a nil reply means the
+//!   key was free and is now claimed; otherwise Redis returned the existing record in the same atomic
+//!   step, untouched, so a replay (or a mismatch, or "in flight") costs this one plain command. Only
+//!   when that record is past retention by the engine's clock, or may be taken over (its lease ran
+//!   out), does the claim run `replace.lua`, which overwrites it if it is still the record decoded (same
+//!   token and state); if another request changed it meanwhile, the claim starts over (a few times at
+//!   most).
+//! - **complete** is `complete.lua`: checks the token and the in-flight state, appends the response
+//!   to the header (keeping the TTL) and `PUBLISH`es the record's tag on `<prefix>:done` only if the
+//!   record is watched. **release** is `release.lua`: the same check, `DEL`, and the same conditional
+//!   `PUBLISH`.
+//! - **announce_waiter** is `announce.lua`: sets the `watched` flag of an in-flight record, so that
+//!   its completion publishes. See "Waking waiters across instances".
+//! - **get** is one `GET`.
+//!
+//! The claim needs Redis 7.0 or later (`SET` with both `NX` and `GET`); an older server refuses it
+//! with a syntax error, reported as unavailable.
 //!
 //! Every time is the engine's clock, passed in; Redis's clock is never compared with it.
 //!
 //! # Expiry
-//! A fresh claim sets the hash's TTL to `retain_until - now`, so Redis deletes the record by itself
+//! A fresh claim sets the key's TTL to `retain_until - now`, so Redis deletes the record by itself
 //! when retention ends. Between `expires_at` and `retain_until` the record is a tombstone the engine
 //! answers "expired" from. Records past retention by the caller's clock count as absent whether or not
 //! Redis has deleted them yet (claim replaces them, get hides them).
 //!
 //! [`Purge`] is therefore rarely needed with Redis: it exists for when the engine's clock runs ahead of
 //! the TTL Redis applied (tests on a manual clock, a clock that jumped). It walks the store's keys with
-//! `SCAN MATCH <prefix>:{*` and deletes, one script per record, those whose `retain_until` has passed,
+//! `SCAN MATCH <prefix>:{*` and deletes, one script per record (`purge.lua`, which reads
+//! `retain_until` from the record's header), those whose `retain_until` has passed,
 //! at most a batch per call; consecutive calls continue one pass over the keyspace. That costs a scan
 //! of the database per sweep, in exchange for nothing on the request path: an index such as a sorted
 //! set by `retain_until` would cost a write on every claim and, being one key, would live in another
-//! Cluster slot than the records, so the claim could no longer be one single-slot script. If you run
+//! Cluster slot than the records, so the claim could no longer be one single-key command. If you run
 //! the [`Sweeper`](crate::sweeper::Sweeper) against Redis at all, give it a long interval.
 //!
 //! # Waking waiters across instances
 //! Each store keeps one pub/sub connection, subscribed to `<prefix>:done` by a background task that
-//! wakes this process's waiters for each published tag. The task reconnects with backoff and pings
+//! wakes this process's waiters for each published tag. Every message reaches every instance, so only
+//! records a duplicate waits for publish one: a waiting duplicate subscribes locally, then
+//! [announces](Store::announce_waiter) itself (the record's `watched` flag), then reads the record
+//! again before it sleeps. Redis runs scripts one at a time, so a completion either runs before the
+//! announcement (the re-read sees the completed record) or after it (and publishes): no wake-up is
+//! lost, and a completion nobody waits for costs no message. The task reconnects with backoff and pings
 //! the server every 15 s to notice a dead connection; it stops when the store is dropped. A completion
 //! published while this instance's subscription is down is missed: waiters here then wake when the
 //! lease runs out or their wait bound is reached, and re-read the record (never a wrong answer, only a
@@ -61,7 +87,7 @@
 //! Within those limits the guarantee is the engine's: at most one execution per lease.
 //!
 //! # Redis Cluster
-//! Keys and scripts are Cluster-ready (one hash-tagged key per script), but this store talks to a
+//! Keys, commands and scripts are Cluster-ready (one hash-tagged key each), but this store talks to a
 //! single server through a [`ConnectionManager`]; a Cluster client, sharded pub/sub (`SPUBLISH`) and
 //! a per-node purge scan are out of scope for now.
 //!
@@ -69,10 +95,11 @@
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
-use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSub};
-use ::redis::{Client, ErrorKind, RedisError, RedisResult, Script};
+use ::redis::{
+    Client, ErrorKind, FromRedisValue, RedisError, RedisResult, RedisWrite, Script, ToRedisArgs,
+};
 use futures_util::StreamExt;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -80,10 +107,12 @@ use std::time::Duration;
 use tokio::sync::{watch, OnceCell};
 use tokio::task::AbortHandle;
 
-/// The hash fields, in the order `claim.lua` returns them and `get` reads them.
-const FIELDS: [&str; 10] = [
-    "state", "fp", "tok", "created", "expires", "retain", "lease", "status", "headers", "body",
-];
+mod blob;
+
+/// How often a claim looks again when the record it found changed before its conditional replace
+/// could apply. Each retry means another request changed the key in between, so a few suffice; the
+/// bound only guards against a pathological loop.
+const MAX_CLAIM_ATTEMPTS: usize = 16;
 
 /// The longest TTL set on a record (100 years): Redis refuses expiry times that overflow its clock.
 const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
@@ -123,7 +152,6 @@ pub struct RedisStore {
     config: ConnectionManagerConfig,
     conn: OnceCell<ConnectionManager>,
     prefix: String,
-    channel: String,
     scripts: Scripts,
     waiters: Arc<Waiters>,
     /// Where the current purge pass over the keyspace stands (0: start a new pass).
@@ -134,18 +162,20 @@ pub struct RedisStore {
 }
 
 struct Scripts {
-    claim: Script,
+    replace: Script,
     complete: Script,
     release: Script,
+    announce: Script,
     purge: Script,
 }
 
 impl Scripts {
     fn new() -> Self {
         Self {
-            claim: Script::new(include_str!("claim.lua")),
+            replace: Script::new(include_str!("replace.lua")),
             complete: Script::new(include_str!("complete.lua")),
             release: Script::new(include_str!("release.lua")),
+            announce: Script::new(include_str!("announce.lua")),
             purge: Script::new(include_str!("purge.lua")),
         }
     }
@@ -302,7 +332,6 @@ impl RedisStoreBuilder {
             config,
             conn: OnceCell::new_with(conn),
             prefix: self.prefix,
-            channel,
             scripts: Scripts::new(),
             waiters,
             scan_cursor: Mutex::new(0),
@@ -374,17 +403,32 @@ impl RedisStore {
 
     /// The Redis key of `key`'s record: `<prefix>:{<tag>}`.
     pub fn redis_key(&self, key: &RecordKey) -> String {
-        format!("{}:{{{}}}", self.prefix, encode_tag(key))
+        let key = self.key(key);
+        let mut out = String::with_capacity(key.max_len());
+        // Writing to a String cannot fail.
+        let _ = fmt::Write::write_fmt(&mut out, format_args!("{key}"));
+        out
+    }
+
+    fn key<'a>(&'a self, key: &'a RecordKey) -> RedisKey<'a> {
+        RedisKey {
+            prefix: &self.prefix,
+            key,
+        }
     }
 
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        self.conn
-            .get_or_try_init(|| {
-                ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
-            })
-            .await
-            .cloned()
-            .map_err(StoreError::unavailable)
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        // Boxed: connecting is a large future, and inlined it would make every operation's
+        // future (which the store trait boxes and moves) kilobytes larger.
+        Box::pin(self.conn.get_or_try_init(|| {
+            ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
+        }))
+        .await
+        .cloned()
+        .map_err(StoreError::unavailable)
     }
 
     /// Deletes those of `keys` that are past retention at `now` (one pipelined round trip, one
@@ -406,48 +450,87 @@ impl RedisStore {
         let deleted: Vec<i64> = pipe.query_async(conn).await.map_err(redis_error)?;
         Ok(deleted.iter().filter(|&&d| d == 1).count() as u64)
     }
+
+    /// Replaces `seen` at `key` by `new` if the key still holds `seen` (`replace.lua`): with a fresh
+    /// TTL of `ttl` ms, or, when `None`, keeping the key's. Returns whether it did.
+    async fn replace(
+        &self,
+        conn: &mut ConnectionManager,
+        key: RedisKey<'_>,
+        seen: &Record,
+        new: &[u8],
+        ttl: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let mut cmd = evalsha(&self.scripts.replace, key, 4, 8 + 1 + new.len() + 20);
+        cmd.arg(&blob::token(seen.token)[..])
+            .arg(blob::state(seen))
+            .arg(new);
+        match ttl {
+            Some(ttl) => cmd.arg(ttl),
+            None => cmd.arg(""),
+        };
+        let replaced: i64 = eval(conn, &self.scripts.replace, &cmd).await?;
+        Ok(replaced == 1)
+    }
 }
 
 #[async_trait::async_trait]
 impl Store for RedisStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut conn = self.conn().await?;
-        let now = claim.now.as_millis();
+        let key = self.key(claim.key);
         let ttl = claim
             .retain_until
             .as_millis()
-            .saturating_sub(now)
+            .saturating_sub(claim.now.as_millis())
             .clamp(1, MAX_TTL_MS);
-        let reply: Vec<Option<Vec<u8>>> = self
-            .scripts
-            .claim
-            .key(self.redis_key(claim.key))
-            .arg(now)
-            .arg(claim.fingerprint.to_hex())
-            .arg(claim.token.0)
-            .arg(claim.lease_until.as_millis())
-            .arg(claim.expires_at.as_millis())
-            .arg(claim.retain_until.as_millis())
-            .arg(ttl)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        match reply.split_first() {
-            Some((Some(tag), _)) if tag == b"claimed" => {
-                Ok(ClaimOutcome::Claimed { taken_over: false })
+        let fresh = blob::fresh(claim);
+        for _ in 0..MAX_CLAIM_ATTEMPTS {
+            // Sized up front: building a command argument by argument reallocates as it grows.
+            let found: Option<Vec<u8>> =
+                ::redis::Cmd::with_capacity(7, key.max_len() + fresh.len() + 40)
+                    .arg("SET")
+                    .arg(key)
+                    .arg(&fresh[..])
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(ttl)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(redis_error)?;
+            let Some(found) = found else {
+                return Ok(ClaimOutcome::Claimed { taken_over: false });
+            };
+            let record = blob::decode(found)?;
+            // The replacements are boxed: inlined, their futures would make every claim's future
+            // (which the store trait boxes and moves) several times larger.
+            if record.is_forgotten(claim.now) {
+                // A fresh record, and a fresh TTL.
+                if Box::pin(self.replace(&mut conn, key, &record, &fresh, Some(ttl))).await? {
+                    return Ok(ClaimOutcome::Claimed { taken_over: false });
+                }
+            } else if record.can_take_over(claim) {
+                // The same record under the new token and lease; the key keeps its TTL.
+                let taken = blob::encode(&Record {
+                    token: claim.token,
+                    state: RecordState::InFlight {
+                        lease_until: claim.lease_until,
+                    },
+                    ..record.clone()
+                })?;
+                if Box::pin(self.replace(&mut conn, key, &record, &taken, None)).await? {
+                    return Ok(ClaimOutcome::Claimed { taken_over: true });
+                }
+            } else {
+                return Ok(ClaimOutcome::Existing(record));
             }
-            Some((Some(tag), _)) if tag == b"taken_over" => {
-                Ok(ClaimOutcome::Claimed { taken_over: true })
-            }
-            Some((Some(tag), fields)) if tag == b"existing" => {
-                let record = decode_record(fields)?
-                    .ok_or_else(|| StoreError::corrupt("claim returned an empty record"))?;
-                Ok(ClaimOutcome::Existing(record))
-            }
-            _ => Err(StoreError::corrupt(
-                "unexpected reply from the claim script",
-            )),
+            // Someone changed the record between our read and our replace: look again.
         }
+        Err(StoreError::unavailable(format!(
+            "claim of {} did not settle after {MAX_CLAIM_ATTEMPTS} attempts under concurrent changes",
+            claim.key
+        )))
     }
 
     async fn complete(
@@ -456,59 +539,86 @@ impl Store for RedisStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
+        let tail = blob::Response::new(response)?;
         let mut conn = self.conn().await?;
-        let applied: i64 = self
-            .scripts
-            .complete
-            .key(self.redis_key(key))
-            .arg(token.0)
-            .arg(response.status)
-            .arg(response.encode_headers())
-            .arg(response.body.as_ref())
-            .arg(&self.channel)
-            .arg(encode_tag(key))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        if applied != 1 {
-            return Err(StoreError::fenced());
-        }
+        let mut cmd = evalsha(&self.scripts.complete, self.key(key), 2, 8 + tail.len());
+        cmd.arg(&blob::token(token)[..]).arg(tail);
+        applied_or_fenced(eval(&mut conn, &self.scripts.complete, &cmd).await?)?;
         self.waiters.notify(key);
         Ok(())
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
-        let applied: i64 = self
-            .scripts
-            .release
-            .key(self.redis_key(key))
-            .arg(token.0)
-            .arg(&self.channel)
-            .arg(encode_tag(key))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        if applied != 1 {
-            return Err(StoreError::fenced());
-        }
+        let mut cmd = evalsha(&self.scripts.release, self.key(key), 1, 8);
+        cmd.arg(&blob::token(token)[..]);
+        applied_or_fenced(eval(&mut conn, &self.scripts.release, &cmd).await?)?;
         self.waiters.notify(key);
         Ok(())
     }
 
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         let mut conn = self.conn().await?;
-        let fields: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
-            .arg(self.redis_key(key))
-            .arg(&FIELDS)
+        let found: Option<Vec<u8>> = ::redis::cmd("GET")
+            .arg(self.key(key))
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        Ok(decode_record(&fields)?.filter(|r| !r.is_forgotten(now)))
+        match found {
+            Some(found) => Ok(Some(blob::decode(found)?).filter(|r| !r.is_forgotten(now))),
+            None => Ok(None),
+        }
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.waiters.subscribe(key)
+    }
+
+    /// Marks the record watched if it is in flight (`announce.lua`), so that its completion or
+    /// release publishes its tag to every instance; does nothing otherwise.
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let cmd = evalsha(&self.scripts.announce, self.key(key), 0, 0);
+        let _marked: i64 = eval(&mut conn, &self.scripts.announce, &cmd).await?;
+        Ok(())
+    }
+}
+
+/// `EVALSHA <script's hash> 1 <key>`, to which the caller adds `args` arguments of `bytes` bytes in
+/// all: sized up front, and each argument written straight into the command.
+fn evalsha(script: &Script, key: RedisKey<'_>, args: usize, bytes: usize) -> ::redis::Cmd {
+    let mut cmd = ::redis::Cmd::with_capacity(4 + args, 48 + key.max_len() + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+    cmd
+}
+
+/// Sends `cmd`, built by [`evalsha`] for `script`. If the server does not know the script (it
+/// restarted, or someone ran `SCRIPT FLUSH`), loads it and sends `cmd` again.
+async fn eval<T: FromRedisValue>(
+    conn: &mut ConnectionManager,
+    script: &Script,
+    cmd: &::redis::Cmd,
+) -> Result<T, StoreError> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            Box::pin(script.prepare_invoke().load_async(conn))
+                .await
+                .map_err(redis_error)?;
+            cmd.query_async(conn).await.map_err(redis_error)
+        }
+        found => found.map_err(redis_error),
+    }
+}
+
+/// `complete.lua` and `release.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
+/// record at all).
+fn applied_or_fenced(reply: i64) -> Result<(), StoreError> {
+    match reply {
+        1 => Ok(()),
+        0 => Err(StoreError::fenced()),
+        _ => Err(StoreError::corrupt(
+            "the key holds a value that is not an idempotency record",
+        )),
     }
 }
 
@@ -582,7 +692,7 @@ async fn warn_if_evicting(mut conn: ConnectionManager) {
     }
 }
 
-/// The record and tag decoders, for the fuzz targets in `fuzz/` only: compiled under `cargo fuzz`
+/// The record and tag codecs, for the fuzz targets in `fuzz/` only: compiled under `cargo fuzz`
 /// (which sets `--cfg fuzzing`), never in a normal build.
 #[cfg(fuzzing)]
 #[doc(hidden)]
@@ -590,8 +700,14 @@ async fn warn_if_evicting(mut conn: ConnectionManager) {
 pub mod fuzzing {
     use crate::{Record, RecordKey, StoreError};
 
-    pub fn decode_record(fields: &[Option<Vec<u8>>]) -> Result<Option<Record>, StoreError> {
-        super::decode_record(fields)
+    /// Decodes a stored record value (what `GET` returns).
+    pub fn decode_record(value: &[u8]) -> Result<Record, StoreError> {
+        super::blob::decode(value.to_vec())
+    }
+
+    /// Encodes a record as the store writes it.
+    pub fn encode_record(record: &Record) -> Result<Vec<u8>, StoreError> {
+        super::blob::encode(record)
     }
 
     pub fn encode_tag(key: &RecordKey) -> String {
@@ -607,7 +723,8 @@ fn channel_name(prefix: &str) -> String {
     format!("{prefix}:done")
 }
 
-/// Redis errors are outages, except a key holding another type than a hash (someone else wrote it).
+/// Redis errors are outages, except a key holding another type than a string (someone else wrote it,
+/// or an earlier layout's hash).
 fn redis_error(e: RedisError) -> StoreError {
     if e.code() == Some("WRONGTYPE") {
         StoreError::corrupt(e)
@@ -616,15 +733,27 @@ fn redis_error(e: RedisError) -> StoreError {
     }
 }
 
-fn escape(s: &str, out: &mut String) {
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
+fn escape(s: &str, out: &mut impl fmt::Write) -> fmt::Result {
+    let mut rest = s;
+    while let Some(at) = rest.find(['%', '{', '}']) {
+        out.write_str(&rest[..at])?;
+        out.write_str(match rest.as_bytes()[at] {
+            b'%' => "%25",
+            b'{' => "%7B",
+            _ => "%7D",
+        })?;
+        rest = &rest[at + 1..];
     }
+    out.write_str(rest)
+}
+
+/// The length of `s` escaped: each of `%`, `{`, `}` becomes three bytes.
+fn escaped_len(s: &str) -> usize {
+    s.len()
+        + 2 * s
+            .bytes()
+            .filter(|b| matches!(b, b'%' | b'{' | b'}'))
+            .count()
 }
 
 fn unescape(s: &str) -> Option<String> {
@@ -646,13 +775,56 @@ fn unescape(s: &str) -> Option<String> {
 }
 
 /// `<n>:<scope>:<key>` with `%`, `{`, `}` escaped and `n` the escaped scope's byte length: injective,
-/// brace-free, and the message published on completion.
+/// brace-free, and the message published on completion. The store writes it inside keys
+/// ([`RedisKey`]); as a string of its own it serves the tests and the fuzz target.
+#[cfg(any(test, fuzzing))]
 fn encode_tag(key: &RecordKey) -> String {
-    let mut scope = String::with_capacity(key.scope.len());
-    escape(&key.scope, &mut scope);
-    let mut out = format!("{}:{scope}:", scope.len());
-    escape(&key.key, &mut out);
+    let mut out = String::with_capacity(tag_len(key));
+    // Writing to a String cannot fail.
+    let _ = write_tag(key, &mut out);
     out
+}
+
+/// An upper bound of the tag's length ([`write_tag`]), so that keys are built in one allocation.
+fn tag_len(key: &RecordKey) -> usize {
+    // At most 20 digits for the length and a colon, then the escaped scope, a colon, the escaped key.
+    21 + escaped_len(&key.scope) + 1 + escaped_len(&key.key)
+}
+
+fn write_tag(key: &RecordKey, out: &mut impl fmt::Write) -> fmt::Result {
+    write!(out, "{}:", escaped_len(&key.scope))?;
+    escape(&key.scope, out)?;
+    out.write_char(':')?;
+    escape(&key.key, out)
+}
+
+/// A record's Redis key, `<prefix>:{<tag>}`, written straight into the command that sends it.
+#[derive(Clone, Copy)]
+struct RedisKey<'a> {
+    prefix: &'a str,
+    key: &'a RecordKey,
+}
+
+impl RedisKey<'_> {
+    /// An upper bound of the key's length.
+    fn max_len(&self) -> usize {
+        self.prefix.len() + 3 + tag_len(self.key)
+    }
+}
+
+impl fmt::Display for RedisKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.prefix)?;
+        f.write_str(":{")?;
+        write_tag(self.key, f)?;
+        f.write_str("}")
+    }
+}
+
+impl ToRedisArgs for RedisKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self);
+    }
 }
 
 fn decode_tag(tag: &[u8]) -> Option<RecordKey> {
@@ -674,66 +846,6 @@ fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// Decodes the fields in [`FIELDS`] order; `None` if the record does not exist.
-fn decode_record(fields: &[Option<Vec<u8>>]) -> Result<Option<Record>, StoreError> {
-    if fields.iter().all(Option::is_none) {
-        return Ok(None);
-    }
-    let [state, fp, tok, created, expires, retain, lease, status, headers, body] = fields else {
-        return Err(StoreError::corrupt(format!(
-            "expected {} record fields, got {}",
-            FIELDS.len(),
-            fields.len()
-        )));
-    };
-    let fingerprint = Fingerprint::from_hex(text(fp, "fp")?)
-        .ok_or_else(|| StoreError::corrupt("field fp is not a fingerprint"))?;
-    let state = match text(state, "state")? {
-        "inflight" => RecordState::InFlight {
-            lease_until: Timestamp::from_millis(number(lease, "lease")?),
-        },
-        "done" => RecordState::Completed {
-            response: StoredResponse {
-                status: u16::try_from(number(status, "status")?)
-                    .map_err(|e| StoreError::corrupt(format!("field status: {e}")))?,
-                headers: StoredResponse::decode_headers(text(headers, "headers")?)
-                    .map_err(|e| StoreError::corrupt(format!("field headers: {e}")))?,
-                body: bytes::Bytes::from(required(body, "body")?.to_vec()),
-            },
-        },
-        other => {
-            return Err(StoreError::corrupt(format!(
-                "field state is {other:?}, not inflight or done"
-            )))
-        }
-    };
-    Ok(Some(Record {
-        fingerprint,
-        token: FencingToken(number(tok, "tok")?),
-        created_at: Timestamp::from_millis(number(created, "created")?),
-        expires_at: Timestamp::from_millis(number(expires, "expires")?),
-        retain_until: Timestamp::from_millis(number(retain, "retain")?),
-        state,
-    }))
-}
-
-fn required<'a>(field: &'a Option<Vec<u8>>, name: &str) -> Result<&'a [u8], StoreError> {
-    field
-        .as_deref()
-        .ok_or_else(|| StoreError::corrupt(format!("field {name} is missing")))
-}
-
-fn text<'a>(field: &'a Option<Vec<u8>>, name: &str) -> Result<&'a str, StoreError> {
-    std::str::from_utf8(required(field, name)?)
-        .map_err(|e| StoreError::corrupt(format!("field {name}: {e}")))
-}
-
-fn number(field: &Option<Vec<u8>>, name: &str) -> Result<i64, StoreError> {
-    text(field, name)?
-        .parse()
-        .map_err(|e| StoreError::corrupt(format!("field {name}: {e}")))
 }
 
 async fn subscribe(client: &Client, channel: &str, timeout: Duration) -> RedisResult<PubSub> {
@@ -846,6 +958,23 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_the_prefix_and_the_tag_in_braces() {
+        for key in [
+            RecordKey::new("user-1", "order-42"),
+            RecordKey::new("{x}", "}{%"),
+            RecordKey::new("한글", ""),
+        ] {
+            let redis_key = RedisKey {
+                prefix: "idem",
+                key: &key,
+            };
+            let written = redis_key.to_string();
+            assert_eq!(written, format!("idem:{{{}}}", encode_tag(&key)));
+            assert!(written.len() <= redis_key.max_len(), "{written}");
+        }
+    }
+
+    #[test]
     fn malformed_tags_are_rejected() {
         for bad in ["", "x:a:b", "5:ab:c", "1:a", "1:a;b", "1:%:b", "1:a:%7"] {
             assert_eq!(decode_tag(bad.as_bytes()), None, "{bad}");
@@ -855,42 +984,6 @@ mod tests {
     #[test]
     fn glob_syntax_in_the_prefix_is_escaped() {
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
-    }
-
-    #[test]
-    fn records_decode_or_report_corruption() {
-        let f = |s: &str| Some(s.as_bytes().to_vec());
-        let fp = Fingerprint([7; 32]).to_hex();
-        let mut fields = vec![
-            f("done"),
-            f(&fp),
-            f("9007199254740993"),
-            f("1"),
-            f("2"),
-            f("3"),
-            None,
-            f("201"),
-            f(r#"[["location","/p/1"]]"#),
-            Some(vec![0, 255]),
-        ];
-        let record = decode_record(&fields).expect("decodes").expect("exists");
-        assert_eq!(record.token, FencingToken(9_007_199_254_740_993));
-        assert_eq!(
-            record.state,
-            RecordState::Completed {
-                response: StoredResponse {
-                    status: 201,
-                    headers: vec![("location".into(), "/p/1".into())],
-                    body: bytes::Bytes::from_static(&[0, 255]),
-                }
-            }
-        );
-        assert_eq!(decode_record(&vec![None; 10]).expect("decodes"), None);
-        fields[0] = f("inflight");
-        let err = decode_record(&fields).expect_err("no lease");
-        assert_eq!(err.kind(), crate::store::StoreErrorKind::Corrupt);
-        fields[0] = f("weird");
-        assert!(decode_record(&fields).is_err());
     }
 
     #[test]

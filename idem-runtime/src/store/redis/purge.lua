@@ -1,12 +1,29 @@
 -- idem RedisStore::purge_expired, per record: deletes the record if it is past retention.
 --
--- KEYS[1]  the record's hash
--- ARGV[1]  now, ms since the Unix epoch (the sweeper's clock)
+-- KEYS[1]  the record's key
+-- ARGV[1]  now, ms since the Unix epoch (the sweeper's clock; decimal)
 --
 -- Returns 1 if the record's retain_until is at or before ARGV[1] and it was deleted, else 0. The
--- check and the delete are one step, so a key claimed afresh since the scan found it is kept.
-local retain = tonumber(redis.call('HGET', KEYS[1], 'retain'))
-if retain ~= nil and retain <= tonumber(ARGV[1]) then
+-- check and the delete are one step, so a key claimed afresh since the scan found it is kept. Reads
+-- the header up to retain_until (bytes 27..35, big-endian, signed; blob.rs). A key that does not hold
+-- a record of layout version 1 (another type included: it is not an error, so one foreign key does
+-- not stop every purge) is left alone. Lua numbers are doubles: exact for every time below 2^53 ms
+-- (the year 287396), and in the right order beyond.
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then
+  return 0
+end
+local head = redis.call('GETRANGE', KEYS[1], 0, 34)
+if #head ~= 35 or string.byte(head, 1) ~= 1 then
+  return 0
+end
+local retain = 0
+for i = 28, 35 do
+  retain = retain * 256 + string.byte(head, i)
+end
+if string.byte(head, 28) >= 128 then
+  retain = retain - 18446744073709551616
+end
+if retain <= tonumber(ARGV[1]) then
   redis.call('DEL', KEYS[1])
   return 1
 end
