@@ -525,7 +525,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                 AND query LIKE '%WITH inserted AS%'",
+                 AND query LIKE '%WITH existing AS%'",
             )
             .fetch_one(&pool)
             .await
