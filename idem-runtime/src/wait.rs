@@ -7,7 +7,7 @@
 //!
 //! 1. it [subscribes](Store::subscribe) to the key, which arms the local wake-up;
 //! 2. it [announces](Store::announce_waiter) itself, so that stores which notify only awaited keys
-//!    (PostgreSQL) will notify this one;
+//!    (PostgreSQL, Redis) will notify this one;
 //! 3. it claims (reads) the key again: a completion that landed before step 2 is seen here, and one
 //!    that lands after sees the announcement and wakes the subscription.
 //!
