@@ -570,6 +570,8 @@ mod redis_only {
             .await
             .expect("connect through the proxy");
         assert!(b.is_subscribed(), "connect returns once subscribed");
+        // A waiter whose completion may be published while B is not listening.
+        let mut waiting = b.subscribe(&fresh_key());
 
         proxy.cut();
         tokio::time::timeout(GENEROUS, b.subscription_is(false))
@@ -579,6 +581,10 @@ mod redis_only {
         tokio::time::timeout(GENEROUS, b.subscription_is(true))
             .await
             .expect("B subscribes again by itself");
+        // Messages sent meanwhile are lost: the resubscription wakes every waiter to re-read.
+        tokio::time::timeout(GENEROUS, waiting.changed())
+            .await
+            .expect("B's waiter is woken when B subscribes again");
 
         let key = fresh_key();
         let claim = fresh_claim(&key, T0);

@@ -64,9 +64,9 @@
 //! announcement (the re-read sees the completed record) or after it (and publishes): no wake-up is
 //! lost, and a completion nobody waits for costs no message. The task reconnects with backoff and pings
 //! the server every 15 s to notice a dead connection; it stops when the store is dropped. A completion
-//! published while this instance's subscription is down is missed: waiters here then wake when the
-//! lease runs out or their wait bound is reached, and re-read the record (never a wrong answer, only a
-//! late one).
+//! published while this instance's subscription is down is missed, so whenever the task subscribes
+//! it wakes every local waiter to re-read its record; while it cannot subscribe, waiters wake when the
+//! lease runs out or their wait bound is reached (never a wrong answer, only a late one).
 //!
 //! # Outages
 //! Commands go through a [`ConnectionManager`] with connection and response timeouts (1 s and 2 s by
@@ -898,6 +898,9 @@ async fn listen(l: Listener, mut initial: Option<PubSub>) {
             },
         };
         backoff = MIN_BACKOFF;
+        // Completions published while we were not subscribed are lost: every local waiter re-reads
+        // its record (and waits again if it is still in flight), as PostgreSQL's listener does.
+        l.waiters.notify_all();
         l.state.send_replace(true);
         let (mut sink, mut stream) = pubsub.split();
         let mut ping =
