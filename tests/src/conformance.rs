@@ -132,6 +132,91 @@ impl<S: Store> Store for Observed<S> {
     }
 }
 
+/// Wraps a second instance's store to tell a test when its waiting duplicate has armed its wait: it
+/// has subscribed, announced itself and read the record again (its second claim).
+struct Rechecked<S> {
+    inner: S,
+    /// Claims since the test last reset it.
+    claims: Arc<AtomicUsize>,
+    rechecked: Arc<Notify>,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Store for Rechecked<S> {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let found = self.inner.claim(claim).await;
+        if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
+            self.rechecked.notify_one();
+        }
+        found
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, token, response).await
+    }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key, now).await
+    }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.inner.subscribe(key)
+    }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.inner.announce_waiter(key).await
+    }
+}
+
+/// For shared stores, given two instances that share nothing but the server: through the engine, a
+/// duplicate waiting on instance `b`, its wait armed before instance `a`'s original completes, is
+/// woken by that completion (it can only hear of it through the server, and only if its announcement
+/// reached the record) and replays, long before its 10-minute wait bound or lease end.
+pub async fn a_waiting_duplicate_on_another_instance_is_woken<S: Store>(a: S, b: S) {
+    const GENEROUS: Duration = Duration::from_secs(30);
+    let long = Policy::new()
+        .ttl(Duration::from_secs(3600))
+        .lease(Duration::from_secs(600))
+        .wait(Duration::from_secs(600))
+        .handler("cross-instance");
+    let a = Engine::new(a);
+    let rechecked = Arc::new(Notify::new());
+    let claims = Arc::new(AtomicUsize::new(0));
+    let b = Engine::new(Rechecked {
+        inner: b,
+        claims: claims.clone(),
+        rechecked: rechecked.clone(),
+    });
+    for round in 0..3 {
+        claims.store(0, Ordering::SeqCst);
+        let key = fresh_key();
+        let original = match a.begin(key.clone(), fp("a"), &long).await {
+            Ok(Begin::Execute(guard)) => guard,
+            other => panic!("round {round}: the original claims, got {other:?}"),
+        };
+        let duplicate = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move { b.begin(key, fp("a"), &long).await })
+        };
+        tokio::time::timeout(GENEROUS, rechecked.notified())
+            .await
+            .expect("the duplicate armed its wait");
+        original.complete(&response("a")).await.expect("complete");
+        let replayed = tokio::time::timeout(GENEROUS, duplicate)
+            .await
+            .expect("woken by the completion, not by its bound")
+            .expect("join");
+        match replayed {
+            Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
+            other => panic!("round {round}: the duplicate replays, got {other:?}"),
+        }
+    }
+}
+
 /// A store that is down.
 struct Down;
 

@@ -61,20 +61,17 @@ idem_tests::conformance_suite!(redis);
 mod redis_only {
     use super::redis;
     use futures_util::StreamExt;
-    use idem_runtime::clock::{Clock, Timestamp};
+    use idem_runtime::clock::Clock;
     use idem_runtime::store::redis::RedisStore;
-    use idem_runtime::store::{Claim, ClaimOutcome, Purge, StoreError, Subscription};
+    use idem_runtime::store::{Claim, ClaimOutcome, Purge};
     use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{
-        Begin, Engine, FencingToken, Policy, Record, RecordKey, RecordState, Rejection, Store,
-        StoreErrorKind, StoredResponse,
+        Begin, Engine, FencingToken, RecordKey, RecordState, Rejection, Store, StoreErrorKind,
     };
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
     use idem_tests::proxy::Proxy;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
-    use tokio::sync::Notify;
 
     /// Bounds a step that should finish at once, so that a broken wake-up fails instead of hanging;
     /// it never decides a pass.
@@ -153,90 +150,15 @@ mod redis_only {
         assert!(b.get(&key, T0).await.expect("get").is_none());
     }
 
-    /// Wraps instance B's store to tell the test when its waiting duplicate has armed its wait: it
-    /// has subscribed, announced itself and read the record again (its second claim).
-    struct Rechecked {
-        inner: RedisStore,
-        /// B's claims since the test last reset it.
-        claims: Arc<AtomicUsize>,
-        rechecked: Arc<Notify>,
-    }
-
-    #[async_trait::async_trait]
-    impl Store for Rechecked {
-        async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-            let found = self.inner.claim(claim).await;
-            if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
-                self.rechecked.notify_one();
-            }
-            found
-        }
-        async fn complete(
-            &self,
-            key: &RecordKey,
-            token: FencingToken,
-            response: &StoredResponse,
-        ) -> Result<(), StoreError> {
-            self.inner.complete(key, token, response).await
-        }
-        async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-            self.inner.release(key, token).await
-        }
-        async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-            self.inner.get(key, now).await
-        }
-        fn subscribe(&self, key: &RecordKey) -> Subscription {
-            self.inner.subscribe(key)
-        }
-        async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-            self.inner.announce_waiter(key).await
-        }
-    }
-
-    /// Through the engine: a duplicate waiting on instance B, its wait armed before instance A's
-    /// original completes, is woken by A's completion (it can only hear of it through pub/sub, and
-    /// only if its announcement marked the record) and replays, long before its 10-minute wait bound
-    /// or lease end.
+    /// Through the engine, woken through pub/sub (the shared case in `idem_tests::conformance`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_duplicate_on_another_instance_is_woken_through_redis() {
         let Some(backend) = redis().await else { return };
-        let long = Policy::new()
-            .ttl(Duration::from_secs(3600))
-            .lease(Duration::from_secs(600))
-            .wait(Duration::from_secs(600))
-            .handler("cross-instance");
-        let a = Engine::new(backend.store().await);
-        let rechecked = Arc::new(Notify::new());
-        let claims = Arc::new(AtomicUsize::new(0));
-        let b = Engine::new(Rechecked {
-            inner: backend.store().await,
-            claims: claims.clone(),
-            rechecked: rechecked.clone(),
-        });
-        for round in 0..3 {
-            claims.store(0, Ordering::SeqCst);
-            let key = fresh_key();
-            let original = match a.begin(key.clone(), fp("a"), &long).await {
-                Ok(Begin::Execute(guard)) => guard,
-                other => panic!("round {round}: the original claims, got {other:?}"),
-            };
-            let duplicate = {
-                let (b, key) = (b.clone(), key.clone());
-                tokio::spawn(async move { b.begin(key, fp("a"), &long).await })
-            };
-            tokio::time::timeout(GENEROUS, rechecked.notified())
-                .await
-                .expect("the duplicate armed its wait");
-            original.complete(&response("a")).await.expect("complete");
-            let replayed = tokio::time::timeout(GENEROUS, duplicate)
-                .await
-                .expect("woken by the completion, not by its bound")
-                .expect("join");
-            match replayed {
-                Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
-                other => panic!("round {round}: the duplicate replays, got {other:?}"),
-            }
-        }
+        idem_tests::conformance::a_waiting_duplicate_on_another_instance_is_woken(
+            backend.store().await,
+            backend.store().await,
+        )
+        .await;
     }
 
     /// Completions and releases publish only records a waiter announced: every message reaches every
