@@ -25,7 +25,7 @@ use idem_runtime::{
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Barrier, Notify};
+use tokio::sync::{watch, Barrier, Notify};
 
 /// A store backend under test.
 #[async_trait::async_trait]
@@ -95,18 +95,32 @@ pub fn response(tag: &str) -> StoredResponse {
     }
 }
 
-/// A store wrapper that signals each subscription, so a case can complete the original only once the
-/// duplicate is waiting.
+/// A store wrapper that signals each subscription and counts finished claims, so a case can complete
+/// the original only once the duplicate is waiting (or has re-read the record after announcing).
 pub struct Observed<S> {
     inner: S,
     /// Notified once per `subscribe` call.
     pub subscribed: Arc<Notify>,
+    /// How many claims have returned.
+    pub claims: watch::Sender<usize>,
+}
+
+impl<S> Observed<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            subscribed: Arc::new(Notify::new()),
+            claims: watch::Sender::new(0),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl<S: Store> Store for Observed<S> {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(claim).await
+        let found = self.inner.claim(claim).await;
+        self.claims.send_modify(|n| *n += 1);
+        found
     }
     async fn complete(
         &self,
@@ -132,46 +146,6 @@ impl<S: Store> Store for Observed<S> {
     }
 }
 
-/// Wraps a second instance's store to tell a test when its waiting duplicate has armed its wait: it
-/// has subscribed, announced itself and read the record again (its second claim).
-struct Rechecked<S> {
-    inner: S,
-    /// Claims since the test last reset it.
-    claims: Arc<AtomicUsize>,
-    rechecked: Arc<Notify>,
-}
-
-#[async_trait::async_trait]
-impl<S: Store> Store for Rechecked<S> {
-    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let found = self.inner.claim(claim).await;
-        if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
-            self.rechecked.notify_one();
-        }
-        found
-    }
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.inner.complete(key, token, response).await
-    }
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
-    }
-    fn subscribe(&self, key: &RecordKey) -> Subscription {
-        self.inner.subscribe(key)
-    }
-    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-        self.inner.announce_waiter(key).await
-    }
-}
-
 /// For shared stores, given two instances that share nothing but the server: through the engine, a
 /// duplicate waiting on instance `b`, its wait armed before instance `a`'s original completes, is
 /// woken by that completion (it can only hear of it through the server, and only if its announcement
@@ -184,15 +158,11 @@ pub async fn a_waiting_duplicate_on_another_instance_is_woken<S: Store>(a: S, b:
         .wait(Duration::from_secs(600))
         .handler("cross-instance");
     let a = Engine::new(a);
-    let rechecked = Arc::new(Notify::new());
-    let claims = Arc::new(AtomicUsize::new(0));
-    let b = Engine::new(Rechecked {
-        inner: b,
-        claims: claims.clone(),
-        rechecked: rechecked.clone(),
-    });
+    let b_store = Arc::new(Observed::new(b));
+    let b = Engine::from_arc(b_store.clone());
     for round in 0..3 {
-        claims.store(0, Ordering::SeqCst);
+        let mut claims = b_store.claims.subscribe();
+        let before = *claims.borrow_and_update();
         let key = fresh_key();
         let original = match a.begin(key.clone(), fp("a"), &long).await {
             Ok(Begin::Execute(guard)) => guard,
@@ -202,9 +172,12 @@ pub async fn a_waiting_duplicate_on_another_instance_is_woken<S: Store>(a: S, b:
             let (b, key) = (b.clone(), key.clone());
             tokio::spawn(async move { b.begin(key, fp("a"), &long).await })
         };
-        tokio::time::timeout(GENEROUS, rechecked.notified())
+        // Its second claim is the re-read after subscribing and announcing: from then on only a
+        // notification through the server can wake it before its bound.
+        tokio::time::timeout(GENEROUS, claims.wait_for(|n| *n >= before + 2))
             .await
-            .expect("the duplicate armed its wait");
+            .expect("the duplicate armed its wait")
+            .expect("the store outlives the test");
         original.complete(&response("a")).await.expect("complete");
         let replayed = tokio::time::timeout(GENEROUS, duplicate)
             .await
@@ -262,10 +235,7 @@ impl<S: Store> Harness<S> {
 
     /// A harness over `store` sharing `clock` (a second instance).
     pub fn with_clock(store: S, clock: ManualClock) -> Self {
-        let store = Arc::new(Observed {
-            inner: store,
-            subscribed: Arc::new(Notify::new()),
-        });
+        let store = Arc::new(Observed::new(store));
         let engine = Engine::from_arc(store.clone())
             .with_clock(clock.clone())
             .with_store_timeout(Some(Duration::from_secs(10)));
