@@ -1,15 +1,34 @@
 //! A counting global allocator: live heap bytes and allocation calls, for bytes per record and
-//! allocations per request. The counters are relaxed atomics; they cost both the plain and the
-//! annotated path the same few nanoseconds per allocation.
+//! allocations per request.
+//!
+//! Counting is on only while the `memory` section and `profile` run (one task, one thread), and
+//! [`stop_counting`] turns it off before any throughput is measured. The counters are shared atomics:
+//! under load on two threads every allocation and free would bounce their cache line between the
+//! cores, a cost proportional to the allocations per request, so it would charge the annotated
+//! handler (more allocations) more than the plain one and distort the very ratio the bench reports.
+//! Switched off, an allocation pays one load of a flag that is never written again.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering::Relaxed};
 
 pub(crate) struct Counting;
 
+static ON: AtomicBool = AtomicBool::new(true);
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Turns counting off for the rest of the process (throughput, latency and the other sections).
+pub(crate) fn stop_counting() {
+    ON.store(false, Relaxed);
+}
+
+fn count(bytes: isize, calls: u64) {
+    if ON.load(Relaxed) {
+        LIVE.fetch_add(bytes, Relaxed);
+        CALLS.fetch_add(calls, Relaxed);
+    }
+}
 
 // SAFETY: every call is forwarded unchanged to the system allocator; only counters are added.
 unsafe impl GlobalAlloc for Counting {
@@ -17,8 +36,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: forwarded with the caller's layout.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Relaxed);
-            CALLS.fetch_add(1, Relaxed);
+            count(layout.size() as isize, 1);
         }
         p
     }
@@ -27,8 +45,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: forwarded with the caller's layout.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Relaxed);
-            CALLS.fetch_add(1, Relaxed);
+            count(layout.size() as isize, 1);
         }
         p
     }
@@ -36,15 +53,14 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` was allocated by `System` with `layout` (every path above forwards to it).
         unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size() as isize, Relaxed);
+        count(-(layout.size() as isize), 0);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`; the caller upholds `realloc`'s contract.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
-            LIVE.fetch_add(new_size as isize - layout.size() as isize, Relaxed);
-            CALLS.fetch_add(1, Relaxed);
+            count(new_size as isize - layout.size() as isize, 1);
         }
         p
     }

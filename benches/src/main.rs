@@ -3,7 +3,9 @@
 //! What idempotency costs, per store, against the floor, in one run: see `BENCHMARKS.md` at the
 //! repository root for the results and what each table measures. Sections can be run alone:
 //! `all` (default), `memory`, `throughput`, `roundtrips`, `contention`, `scale`, `rss`.
-//! `profile <plain|new|replay> <n>` sends `n` in-process requests (for callgrind).
+//! `profile <plain|new|replay> <n>` sends `n` in-process requests (for callgrind);
+//! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
+//! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed).
 //!
 //! Settings: `IDEM_BENCH_SECS` (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (3),
 //! `IDEM_BENCH_SCALE` (records for the large scale point, 1000000), `IDEM_BENCH_RSS_KEYS` (1000000)
@@ -13,7 +15,8 @@
 //! created) and `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed). `IDEM_BENCH_STORES`
 //! limits the throughput, contention and scale sections to some stores (comma-separated: `memory`,
 //! `sqlite`, `postgres`, `redis`; default all): `IDEM_BENCH_STORES=redis … -- throughput` measures
-//! the plain handler and Redis alone, in a quarter of the time.
+//! the plain handler and Redis alone, in a quarter of the time. `IDEM_BENCH_HTTP_ONLY=1` skips the
+//! store-level cells of the throughput section (HTTP only).
 
 mod alloc;
 mod contention;
@@ -37,6 +40,7 @@ fn main() {
     match section {
         "serve-payments" => serve_payments(),
         "profile" => profile(&args[1..]),
+        "profile-http" => profile_http(&args[1..]),
         _ => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -72,6 +76,9 @@ async fn run(section: &str) {
         memory::bytes_per_record().await;
         memory::request_path().await;
     }
+    // Counting allocations costs a contended atomic per allocation under load: measured sections
+    // run without it (see `alloc`).
+    alloc::stop_counting();
     let needs_stores = all || ["throughput", "contention", "scale"].contains(&section);
     let handles = if needs_stores {
         setup::handles().await
@@ -132,8 +139,53 @@ fn machine() -> String {
     )
 }
 
+/// `profile-http <plain|new|replay> [connections] [seconds]`: one HTTP path on the memory store,
+/// for `perf record` / `perf stat` over the whole process (server and load generator). Prints the
+/// requests served, so that counts can be divided per request.
+fn profile_http(args: &[String]) {
+    alloc::stop_counting();
+    let path = args.first().map_or("new", String::as_str).to_owned();
+    let connections = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(16);
+    let secs = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(5);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let engine = idem_runtime::Engine::new(idem_runtime::store::memory::MemoryStore::new());
+        let addr = setup::serve(setup::router(engine)).await;
+        let (route, keys) = match path.as_str() {
+            "plain" => ("/plain", load::Keys::Fresh("plain".into())),
+            "replay" => {
+                let mut sender = load::connect(addr).await.expect("connect");
+                let keys: Vec<String> = (0..1000).map(|i| format!("replay-{i}")).collect();
+                for key in &keys {
+                    let status = load::send(&mut sender, load::post("/idem", key)).await;
+                    assert!(status.is_some_and(|s| s.is_success()), "seeding");
+                }
+                ("/idem", load::Keys::Replay(std::sync::Arc::new(keys)))
+            }
+            _ => ("/idem", load::Keys::Fresh("new".into())),
+        };
+        let bounds = load::Bounds {
+            time: std::time::Duration::from_secs(secs),
+            requests: u64::MAX,
+        };
+        let s = load::http(addr, route, keys, connections, bounds).await;
+        println!(
+            "{path}: {} requests in {:?} on {connections} connections ({:.0} req/s, p50 {:?}), {} errors",
+            s.ok,
+            s.elapsed,
+            s.throughput(),
+            s.p50(),
+            s.errors
+        );
+    });
+}
+
 /// The payments example, in a child process of the bench (for its RSS).
 fn serve_payments() {
+    alloc::stop_counting();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

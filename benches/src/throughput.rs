@@ -113,6 +113,9 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     .or_default()
                     .push(s);
 
+                if std::env::var_os("IDEM_BENCH_HTTP_ONLY").is_some() {
+                    continue;
+                }
                 let e = t.engine.clone();
                 let scope: Arc<str> = format!("engine-{run_id}").into();
                 let s = load::drive(c, bounds, move |w, n| {

@@ -262,14 +262,13 @@ impl Engine {
 
     /// Decides what to do with one request: claim the key and run, replay, or reject. Waits up to
     /// `policy.wait` for an identical in-flight request, woken by its completion.
-    pub async fn begin(
-        &self,
+    pub fn begin<'a>(
+        &'a self,
         key: RecordKey,
         fingerprint: Fingerprint,
-        policy: &Policy,
-    ) -> Result<Begin, Rejection> {
+        policy: &'a Policy,
+    ) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
         self.begin_with(key, fingerprint, policy, Timers::Tokio)
-            .await
     }
 
     /// [`begin`](Self::begin) with time standing still: a duplicate waits until the store wakes it,
@@ -289,87 +288,95 @@ impl Engine {
         self.begin_with(key, fingerprint, policy, frozen).await
     }
 
-    async fn begin_with(
-        &self,
+    /// A plain function around an `async move` block, not an `async fn`: an `async fn` keeps its
+    /// arguments twice in its future (as arguments and as locals), and this future is part of every
+    /// request's.
+    #[allow(clippy::manual_async_fn)]
+    fn begin_with<'a>(
+        &'a self,
         key: RecordKey,
         fingerprint: Fingerprint,
-        policy: &Policy,
+        policy: &'a Policy,
         timers: Timers,
-    ) -> Result<Begin, Rejection> {
-        let deadline = timers.now() + policy.wait;
-        let mut wait = DuplicateWait::default();
-        loop {
-            let now = self.inner.clock.now();
-            let token = FencingToken::generate();
-            let claim = Claim {
-                key: &key,
-                fingerprint,
-                token,
-                now,
-                lease_until: now + policy.lease,
-                expires_at: now + policy.ttl,
-                retain_until: now + policy.retain,
-            };
-            let found = match self.call(self.store_ref().claim(&claim)).await {
-                Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    let outcome = if taken_over {
-                        Outcome::TakenOver
-                    } else {
-                        Outcome::Executed
-                    };
-                    self.record(outcome, &key, policy);
-                    return Ok(Begin::Execute(ClaimGuard {
-                        engine: self.clone(),
-                        expires_at: claim.expires_at,
-                        key,
-                        token,
-                        taken_over,
-                        armed: true,
-                        handler: policy.handler,
-                    }));
-                }
-                Ok(ClaimOutcome::Existing(record)) => record,
-                Err(e) => return Err(self.unavailable(e, &key, policy)),
-            };
-            match classify(found, fingerprint, now) {
-                Found::Expired { expires_at } => {
-                    self.record(Outcome::Expired, &key, policy);
-                    return Err(Rejection::Expired {
-                        expired_at: expires_at,
-                    });
-                }
-                Found::Mismatch { expires_at } => {
-                    self.record(Outcome::Mismatch, &key, policy);
-                    return Err(Rejection::Mismatch { expires_at });
-                }
-                Found::Completed {
-                    response,
-                    expires_at,
-                } => {
-                    if wait.waited() {
-                        self.record(Outcome::Waited, &key, policy);
+    ) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
+        async move {
+            let deadline = timers.now() + policy.wait;
+            let mut wait = DuplicateWait::default();
+            loop {
+                let now = self.inner.clock.now();
+                let token = FencingToken::generate();
+                let claim = Claim {
+                    key: &key,
+                    fingerprint,
+                    token,
+                    now,
+                    lease_until: now + policy.lease,
+                    expires_at: now + policy.ttl,
+                    retain_until: now + policy.retain,
+                };
+                let found = match self.call(self.store_ref().claim(&claim)).await {
+                    Ok(ClaimOutcome::Claimed { taken_over }) => {
+                        let outcome = if taken_over {
+                            Outcome::TakenOver
+                        } else {
+                            Outcome::Executed
+                        };
+                        self.record(outcome, &key, policy);
+                        return Ok(Begin::Execute(ClaimGuard {
+                            engine: self.clone(),
+                            expires_at: claim.expires_at,
+                            key,
+                            token,
+                            taken_over,
+                            armed: true,
+                            handler: policy.handler,
+                        }));
                     }
-                    self.record(Outcome::Replayed, &key, policy);
-                    return Ok(Begin::Replay(Replay {
-                        response,
-                        expires_at,
-                    }));
-                }
-                Found::InFlight { lease_until } => {
-                    let lease_left = now.until(lease_until);
-                    let at_bound = timers.now() >= deadline;
-                    if at_bound {
-                        self.record(Outcome::Conflict, &key, policy);
-                        return Err(Rejection::InFlight {
-                            retry_after: IN_FLIGHT_RETRY_AFTER,
+                    Ok(ClaimOutcome::Existing(record)) => record,
+                    Err(e) => return Err(self.unavailable(e, &key, policy)),
+                };
+                match classify(found, fingerprint, now) {
+                    Found::Expired { expires_at } => {
+                        self.record(Outcome::Expired, &key, policy);
+                        return Err(Rejection::Expired {
+                            expired_at: expires_at,
                         });
                     }
-                    // Wake on completion or release, when the lease runs out (takeover), or at
-                    // the deadline; never on a polling tick.
-                    let wake = deadline.min(timers.now() + lease_left);
-                    let store = self.store_ref();
-                    if let Err(e) = wait.step(self, store, &key, wake, timers).await {
-                        return Err(self.unavailable(e, &key, policy));
+                    Found::Mismatch { expires_at } => {
+                        self.record(Outcome::Mismatch, &key, policy);
+                        return Err(Rejection::Mismatch { expires_at });
+                    }
+                    Found::Completed {
+                        response,
+                        expires_at,
+                    } => {
+                        if wait.waited() {
+                            self.record(Outcome::Waited, &key, policy);
+                        }
+                        self.record(Outcome::Replayed, &key, policy);
+                        return Ok(Begin::Replay(Replay {
+                            response,
+                            expires_at,
+                        }));
+                    }
+                    Found::InFlight { lease_until } => {
+                        let lease_left = now.until(lease_until);
+                        let at_bound = timers.now() >= deadline;
+                        if at_bound {
+                            self.record(Outcome::Conflict, &key, policy);
+                            return Err(Rejection::InFlight {
+                                retry_after: IN_FLIGHT_RETRY_AFTER,
+                            });
+                        }
+                        // Wake on completion or release, when the lease runs out (takeover), or at
+                        // the deadline; never on a polling tick.
+                        let wake = deadline.min(timers.now() + lease_left);
+                        let store = self.store_ref();
+                        // Boxed: waiting is the rare path, and its timers and subscription inline would
+                        // make every request's future (and the allocation axum boxes it in) larger.
+                        if let Err(e) = Box::pin(wait.step(self, store, &key, wake, timers)).await {
+                            return Err(self.unavailable(e, &key, policy));
+                        }
                     }
                 }
             }
@@ -451,16 +458,39 @@ impl ClaimGuard {
     /// Stores `response` for replay and wakes waiting duplicates. Fails with
     /// [`StoreErrorKind::Fenced`](crate::store::StoreErrorKind::Fenced) if the lease ran out and
     /// another request took the key over; the response is then not stored.
-    pub async fn complete(mut self, response: &StoredResponse) -> Result<(), StoreError> {
+    pub fn complete(
+        mut self,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + '_ {
         self.armed = false;
-        let result = self
-            .engine
-            .call(
-                self.engine
-                    .store_ref()
-                    .complete(&self.key, self.token, response),
-            )
-            .await;
+        async move {
+            let store = self.engine.store_ref();
+            let result = self
+                .engine
+                .call(store.complete(&self.key, self.token, response))
+                .await;
+            self.completed(result)
+        }
+    }
+
+    /// [`complete`](Self::complete), giving the response away: the memory store keeps it without
+    /// copying it. The HTTP layer completes this way.
+    pub fn complete_owned(
+        mut self,
+        response: StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> {
+        self.armed = false;
+        async move {
+            let store = self.engine.store_ref();
+            let result = self
+                .engine
+                .call(store.complete_owned(&self.key, self.token, response))
+                .await;
+            self.completed(result)
+        }
+    }
+
+    fn completed(&self, result: Result<(), StoreError>) -> Result<(), StoreError> {
         if let Err(e) = &result {
             self.engine.inner.metrics.record(Outcome::CompletionFailed);
             tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
@@ -470,12 +500,14 @@ impl ClaimGuard {
     }
 
     /// Gives the key up: the record is deleted and the next request with this key runs the handler.
-    pub async fn release(mut self) -> Result<(), StoreError> {
+    pub fn release(mut self) -> impl Future<Output = Result<(), StoreError>> {
         self.armed = false;
         self.engine.inner.metrics.record(Outcome::Released);
-        self.engine
-            .call(self.engine.store_ref().release(&self.key, self.token))
-            .await
+        async move {
+            self.engine
+                .call(self.engine.store_ref().release(&self.key, self.token))
+                .await
+        }
     }
 }
 

@@ -74,6 +74,11 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key, as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 impl fmt::Display for IdempotencyKey {

@@ -34,7 +34,6 @@ pub use core::time::Duration;
 use ::axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use ::axum::http::request::Parts;
 use ::axum::response::IntoResponse;
-use bytes::Bytes;
 use std::borrow::Cow;
 use std::future::Future;
 
@@ -58,19 +57,26 @@ where
     }
 }
 
-/// What the engine needs from the request, captured while extracting the last parameter.
+/// What the engine needs from the request, taken while extracting the last parameter: the
+/// request's fingerprint and its `Idempotency-Key` header. Small on purpose: it is moved through
+/// every layer of the request's future.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
-    /// The request method.
-    pub method: ::axum::http::Method,
-    /// Path and query.
-    pub path: String,
-    /// The `Content-Type` header, if any and visible ASCII.
-    pub content_type: Option<String>,
-    /// Every `Idempotency-Key` header value.
-    pub keys: Vec<::axum::http::HeaderValue>,
-    /// The buffered body (also handed to the wrapped extractor).
-    pub body: Bytes,
+    /// Method, path and query as the client sent them, content type and body.
+    pub fingerprint: crate::Fingerprint,
+    /// The `Idempotency-Key` header.
+    pub key: KeyHeader,
+}
+
+/// The request's `Idempotency-Key` header, as found.
+#[derive(Debug, Clone)]
+pub enum KeyHeader {
+    /// None.
+    Missing,
+    /// Exactly one; not validated yet.
+    One(::axum::http::HeaderValue),
+    /// More than one: the request is refused.
+    Repeated,
 }
 
 /// Wraps the handler's last parameter: buffers the body (up to `LIMIT` bytes, else 413), records what
@@ -93,7 +99,7 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
         let bytes = super::request::read_body(body, LIMIT).await?;
-        let ctx = super::request::context(&parts, bytes.clone());
+        let ctx = super::request::context(&parts, &bytes);
         let req = Request::from_parts(parts, ::axum::body::Body::from(bytes));
         let inner = T::from_request(req, state)
             .await
@@ -115,7 +121,7 @@ where
         let inner = T::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        Ok(Self(inner, super::request::context(&parts, bytes)))
+        Ok(Self(inner, super::request::context(&parts, &bytes)))
     }
 }
 
@@ -130,18 +136,18 @@ pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'static, str> {
 
 /// Runs `handler` under idempotency protection: reads the key, asks the engine, then runs and stores,
 /// replays, or answers a problem. See [`axum`](super) for the behaviour.
-pub async fn run<F, R>(
+pub fn run<F, R>(
     engine: EngineState,
     policy: &'static Policy,
     scope: Cow<'_, str>,
     request: RequestContext,
     handler: F,
-) -> Response
+) -> impl Future<Output = Response>
 where
     F: Future<Output = R>,
     R: IntoResponse,
 {
-    super::run::run(&engine.0, policy, scope.into_owned(), request, handler).await
+    super::run::run(engine.0, policy, scope.into_owned(), request, handler)
 }
 
 /// Extracts the [`Transactional`](crate::transaction::Transactional) engine for a handler whose

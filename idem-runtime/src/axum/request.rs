@@ -5,19 +5,20 @@
 //! the limit, an unreadable body, or a rejection by the handler's own extractor ends the request
 //! without touching the store, so the client's key stays unused.
 
-use super::private::RequestContext;
+use super::private::{KeyHeader, RequestContext};
 use super::problem::{Problem, ProblemType};
+use crate::fingerprint::Fingerprint;
 use ::axum::body::Body;
 use ::axum::extract::OriginalUri;
 use ::axum::http::request::Parts;
 use ::axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 /// The body, whole, or a 413 / 400 problem.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
+    match collect(Limited::new(body, limit)).await {
+        Ok(bytes) => Ok(bytes),
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
             tracing::debug!(target: "idem", limit, "request body over the limit");
             Err(Problem::new(
@@ -37,31 +38,55 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Respons
     }
 }
 
-/// What the engine needs from the request head, plus the body.
+/// The body's data frames, joined. A body that arrives in one frame (any small request) is kept as
+/// that frame, without a copy or a buffer list; only a body in several frames is copied into one.
+async fn collect(
+    mut body: Limited<Body>,
+) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    let mut first = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue; // trailers
+        };
+        match &mut joined {
+            Some(buf) => buf.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut buf = BytesMut::with_capacity(first.len() + data.len());
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+        }
+    }
+    Ok(joined.map_or(first, BytesMut::freeze))
+}
+
+/// What the engine needs from the request: its fingerprint and its key header.
 ///
 /// The path is the one the client sent (before any `Router::nest` stripped a prefix), so that two
 /// nested endpoints never share a fingerprint.
-pub(crate) fn context(parts: &Parts, body: Bytes) -> RequestContext {
+pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
     let uri = parts
         .extensions
         .get::<OriginalUri>()
         .map_or(&parts.uri, |original| &original.0);
-    RequestContext {
-        method: parts.method.clone(),
-        path: uri
-            .path_and_query()
-            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
-        content_type: parts
+    let fingerprint = Fingerprint::of_request(
+        parts.method.as_str(),
+        uri.path_and_query().map_or(uri.path(), |pq| pq.as_str()),
+        // A content type that is not visible ASCII is no JSON media type: the body is compared as bytes.
+        parts
             .headers
             .get(::axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        keys: parts
-            .headers
-            .get_all("idempotency-key")
-            .iter()
-            .cloned()
-            .collect(),
+            .and_then(|v| v.to_str().ok()),
         body,
-    }
+    );
+    let mut keys = parts.headers.get_all("idempotency-key").iter();
+    let key = match (keys.next(), keys.next()) {
+        (None, _) => KeyHeader::Missing,
+        (Some(one), None) => KeyHeader::One(one.clone()),
+        (Some(_), Some(_)) => KeyHeader::Repeated,
+    };
+    RequestContext { fingerprint, key }
 }

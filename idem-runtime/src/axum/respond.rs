@@ -17,6 +17,7 @@ use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{self, StreamExt};
 use http_body_util::BodyExt;
+use std::future::Future;
 
 /// Marks a replayed response (`true`); fresh responses do not carry it.
 pub(crate) static REPLAYED: HeaderName = HeaderName::from_static(super::REPLAYED_HEADER);
@@ -46,10 +47,30 @@ const NEVER_REPLAYED: [&str; 14] = [
 
 /// Sets the `Idempotency-Expires` header.
 pub(crate) fn set_expires(headers: &mut HeaderMap, at: Timestamp) {
-    let date = httpdate::fmt_http_date(at.to_system_time());
-    if let Ok(value) = HeaderValue::from_str(&date) {
+    if let Some(value) = http_date(at) {
         headers.insert(EXPIRES.clone(), value);
     }
+}
+
+/// `at` as an IMF-fixdate. The date has a resolution of one second and every request in the same
+/// second of a ttl shares it, so each thread keeps the last one it formatted: the header then costs
+/// a reference count instead of formatting and two allocations.
+fn http_date(at: Timestamp) -> Option<HeaderValue> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(i64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let second = at.as_millis().div_euclid(1000);
+    let cached = LAST.with_borrow(|last| match last {
+        Some((s, value)) if *s == second => Some(value.clone()),
+        _ => None,
+    });
+    if cached.is_some() {
+        return cached;
+    }
+    let value = HeaderValue::from_str(&httpdate::fmt_http_date(at.to_system_time())).ok()?;
+    LAST.with_borrow_mut(|last| *last = Some((second, value.clone())));
+    Some(value)
 }
 
 /// The handler's response, split into what to store and what to send now.
@@ -59,53 +80,60 @@ pub(crate) fn set_expires(headers: &mut HeaderMap, at: Timestamp) {
 /// [`ReplayMode::Minimal`] without the id. A body whose stream fails is also stored minimally: the
 /// handler has run, its effects happened, and a retry must not run it again; the client receives what
 /// was produced and then the same stream error. Trailers are not forwarded.
-pub(crate) async fn capture(response: Response, policy: &Policy) -> (StoredResponse, Response) {
-    let (parts, mut body) = response.into_parts();
-    let cap = policy.max_stored_body;
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut len = 0usize;
-    let ending = loop {
-        match body.frame().await {
-            None => break Ending::Complete,
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    len = len.saturating_add(data.len());
-                    chunks.push(data);
-                    if len > cap {
-                        break Ending::Overflow;
+pub(crate) fn capture(
+    response: Response,
+    policy: &Policy,
+) -> impl Future<Output = (StoredResponse, Response)> + '_ {
+    // Split before the future exists, so that it holds the parts once (see `run::run`).
+    let (parts, body) = response.into_parts();
+    let mut body = body;
+    async move {
+        let cap = policy.max_stored_body;
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut len = 0usize;
+        let ending = loop {
+            match body.frame().await {
+                None => break Ending::Complete,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        len = len.saturating_add(data.len());
+                        chunks.push(data);
+                        if len > cap {
+                            break Ending::Overflow;
+                        }
                     }
                 }
+                Some(Err(e)) => break Ending::Failed(e),
             }
-            Some(Err(e)) => break Ending::Failed(e),
-        }
-    };
-    match ending {
-        Ending::Complete => {
-            let bytes = concat(chunks, len);
-            let stored = match policy.replay {
-                ReplayMode::Full => full(&parts, bytes.clone(), policy),
-                ReplayMode::Minimal => minimal(&parts, Some(&bytes)),
-            };
-            (stored, Response::from_parts(parts, Body::from(bytes)))
-        }
-        Ending::Overflow => {
-            tracing::debug!(target: "idem", handler = policy.handler, cap,
-                "response body over max_stored_body; storing status and Location only");
-            let stored = minimal(&parts, None);
-            let rest = stream::iter(chunks.into_iter().map(Ok)).chain(body.into_data_stream());
-            (stored, Response::from_parts(parts, Body::from_stream(rest)))
-        }
-        Ending::Failed(error) => {
-            tracing::warn!(target: "idem", handler = policy.handler, %error,
-                "response body failed while streaming; storing status and Location only");
-            let stored = minimal(&parts, None);
-            let sent = stream::iter(
-                chunks
-                    .into_iter()
-                    .map(Ok)
-                    .chain(std::iter::once(Err(error))),
-            );
-            (stored, Response::from_parts(parts, Body::from_stream(sent)))
+        };
+        match ending {
+            Ending::Complete => {
+                let bytes = concat(chunks, len);
+                let stored = match policy.replay {
+                    ReplayMode::Full => full(&parts, bytes.clone(), policy),
+                    ReplayMode::Minimal => minimal(&parts, Some(&bytes)),
+                };
+                (stored, Response::from_parts(parts, Body::from(bytes)))
+            }
+            Ending::Overflow => {
+                tracing::debug!(target: "idem", handler = policy.handler, cap,
+                    "response body over max_stored_body; storing status and Location only");
+                let stored = minimal(&parts, None);
+                let rest = stream::iter(chunks.into_iter().map(Ok)).chain(body.into_data_stream());
+                (stored, Response::from_parts(parts, Body::from_stream(rest)))
+            }
+            Ending::Failed(error) => {
+                tracing::warn!(target: "idem", handler = policy.handler, %error,
+                    "response body failed while streaming; storing status and Location only");
+                let stored = minimal(&parts, None);
+                let sent = stream::iter(
+                    chunks
+                        .into_iter()
+                        .map(Ok)
+                        .chain(std::iter::once(Err(error))),
+                );
+                (stored, Response::from_parts(parts, Body::from_stream(sent)))
+            }
         }
     }
 }
@@ -182,21 +210,22 @@ fn minimal(parts: &Parts, body: Option<&Bytes>) -> StoredResponse {
 }
 
 /// Rebuilds a stored response, marked `Idempotency-Replayed: true` and carrying the key's expiry.
-pub(crate) fn replay(stored: &StoredResponse, expires_at: Timestamp) -> Response {
+/// Takes the response by value: its header values become the replay's without a copy.
+pub(crate) fn replay(stored: StoredResponse, expires_at: Timestamp) -> Response {
     let Ok(status) = StatusCode::from_u16(stored.status) else {
         tracing::warn!(target: "idem", status = stored.status, "stored response has an invalid status");
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    let mut response = Response::new(Body::from(stored.body.clone()));
+    let mut response = Response::new(Body::from(stored.body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    for (name, value) in &stored.headers {
+    for (name, value) in stored.headers {
         if NEVER_REPLAYED.contains(&name.as_str()) {
             continue;
         }
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_maybe_shared(Bytes::from(value)),
         ) {
             headers.append(name, value);
         }
@@ -267,7 +296,7 @@ mod tests {
             ],
             body: Bytes::from_static(b"ok"),
         };
-        let replay = replay(&stored, Timestamp::from_millis(0));
+        let replay = replay(stored, Timestamp::from_millis(0));
         assert!(!replay.headers().contains_key(SET_COOKIE));
         assert_eq!(replay.headers()[CONTENT_TYPE], "text/plain");
         assert_eq!(replay.headers()[&REPLAYED], "true");

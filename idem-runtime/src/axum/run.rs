@@ -14,7 +14,7 @@
 //! claimed in: a 5xx, panic or cancellation rolls it back, anything else is stored in it and
 //! committed, and a failed commit answers 503 instead of the handler's response.
 
-use super::private::RequestContext;
+use super::private::{KeyHeader, RequestContext};
 use super::problem::{Problem, ProblemType};
 use super::respond;
 use crate::clock::Timestamp;
@@ -27,8 +27,8 @@ use crate::record::RecordKey;
 use crate::store::StoreErrorKind;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::transaction::{Transactional, TxBegin, TxClaim, TxHandle};
-use ::axum::http::HeaderValue;
 use ::axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use std::future::Future;
 
 /// What the request's headers and the policy say about the key.
@@ -41,10 +41,28 @@ enum KeyDecision {
     Pass,
 }
 
+/// The policy a keyed request runs under: the handler's own, or, for a derived key, its
+/// derive-window variant (boxed: that path is rare, and the policy is held for the whole request).
+enum KeyPolicy {
+    Handler(&'static Policy),
+    Derived(Box<Policy>),
+}
+
+impl std::ops::Deref for KeyPolicy {
+    type Target = Policy;
+
+    fn deref(&self) -> &Policy {
+        match self {
+            KeyPolicy::Handler(policy) => policy,
+            KeyPolicy::Derived(policy) => policy,
+        }
+    }
+}
+
 /// What a request amounts to once its key is read.
 enum Keyed {
-    /// Protected under this record key, with this policy (the derive-window policy for a derived key).
-    Key(RecordKey, Fingerprint, Policy),
+    /// Protected under this record key, with this policy.
+    Key(RecordKey, Fingerprint, KeyPolicy),
     /// Run unprotected.
     Pass,
     /// Answered already: a malformed key, or none where one is required.
@@ -59,53 +77,61 @@ fn keyed(
     scope: String,
     request: RequestContext,
 ) -> Keyed {
-    let fingerprint = Fingerprint::of_request(
-        request.method.as_str(),
-        &request.path,
-        request.content_type.as_deref(),
-        &request.body,
-    );
-    // The handler holds its own reference to the body; the fingerprint was all this copy was for.
-    drop(request.body);
-    match decide_key(engine, policy, &scope, &request.keys, fingerprint) {
-        Ok(KeyDecision::Given(key)) => {
-            Keyed::Key(RecordKey::new(scope, key.as_str()), fingerprint, *policy)
-        }
+    let fingerprint = request.fingerprint;
+    match decide_key(engine, policy, &scope, &request.key, fingerprint) {
+        Ok(KeyDecision::Given(key)) => Keyed::Key(
+            RecordKey::new(scope, key.into_string()),
+            fingerprint,
+            KeyPolicy::Handler(policy),
+        ),
         // The derived key lives for the window only and leaves no tombstone: after the window,
         // the same request is a new request, not an expired key.
         Ok(KeyDecision::Derived(key)) => Keyed::Key(
             RecordKey::new(scope, key),
             fingerprint,
-            policy
-                .ttl(policy.derive_window)
-                .retain(policy.derive_window),
+            KeyPolicy::Derived(Box::new(
+                policy
+                    .ttl(policy.derive_window)
+                    .retain(policy.derive_window),
+            )),
         ),
         Ok(KeyDecision::Pass) => Keyed::Pass,
         Err(problem) => Keyed::Answered(problem.into_response()),
     }
 }
 
-pub(crate) async fn run<F, R>(
-    engine: &Engine,
+/// Reads the key before the returned future exists, so that the request's context is not carried
+/// through it (every byte of this future is part of the allocation axum boxes each request in).
+pub(crate) fn run<F, R>(
+    engine: Engine,
     policy: &'static Policy,
     scope: String,
     request: RequestContext,
     handler: F,
-) -> Response
+) -> impl Future<Output = Response>
 where
     F: Future<Output = R>,
     R: IntoResponse,
 {
-    let (key, fingerprint, policy) = match keyed(engine, policy, scope, request) {
+    let (key, fingerprint, policy) = match keyed(&engine, policy, scope, request) {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => return handler.await.into_response(),
-        Keyed::Answered(response) => return response,
+        Keyed::Pass => {
+            return Either::Left(Either::Left(async move { handler.await.into_response() }))
+        }
+        Keyed::Answered(response) => {
+            return Either::Left(Either::Right(std::future::ready(response)))
+        }
     };
-    match engine.begin(key, fingerprint, &policy).await {
-        Ok(Begin::Execute(claim)) => execute(claim, &policy, handler).await,
-        Ok(Begin::Replay(replay)) => respond::replay(&replay.response, replay.expires_at),
-        Err(rejection) => problem_for(rejection).into_response(),
-    }
+    Either::Right(async move {
+        let claim = match engine.begin(key, fingerprint, &policy).await {
+            Ok(Begin::Execute(claim)) => claim,
+            Ok(Begin::Replay(replay)) => {
+                return respond::replay(replay.response, replay.expires_at)
+            }
+            Err(rejection) => return problem_for(rejection).into_response(),
+        };
+        execute(claim, &policy, handler).await
+    })
 }
 
 /// [`run`] in transactional mode: the handler gets the transaction the key is claimed in, and the
@@ -132,7 +158,7 @@ where
     };
     match txn.begin(key, fingerprint, &policy).await {
         Ok(TxBegin::Execute(claim)) => execute_transactional(engine, claim, &policy, handler).await,
-        Ok(TxBegin::Replay(replay)) => respond::replay(&replay.response, replay.expires_at),
+        Ok(TxBegin::Replay(replay)) => respond::replay(replay.response, replay.expires_at),
         Err(rejection) => problem_for(rejection).into_response(),
     }
 }
@@ -236,13 +262,13 @@ fn decide_key(
     engine: &Engine,
     policy: &Policy,
     scope: &str,
-    values: &[HeaderValue],
+    header: &KeyHeader,
     fingerprint: Fingerprint,
 ) -> Result<KeyDecision, Problem> {
-    let raw = match values {
-        [] => return missing_key(engine, policy, scope, fingerprint),
-        [one] => one.as_bytes(),
-        _ => return Err(malformed(engine, policy, scope, &KeyError::Repeated)),
+    let raw = match header {
+        KeyHeader::One(one) => one.as_bytes(),
+        KeyHeader::Missing => return missing_key(engine, policy, scope, fingerprint),
+        KeyHeader::Repeated => return Err(malformed(engine, policy, scope, &KeyError::Repeated)),
     };
     IdempotencyKey::parse(raw)
         .map(KeyDecision::Given)
@@ -306,35 +332,58 @@ fn missing_key(
     }
 }
 
-async fn execute<F, R>(claim: ClaimGuard, policy: &Policy, handler: F) -> Response
+// Not an `async fn`: that would keep `claim` twice in the future (see `Engine::begin_with`).
+#[allow(clippy::manual_async_fn)]
+fn execute<'a, F, R>(
+    claim: ClaimGuard,
+    policy: &'a Policy,
+    handler: F,
+) -> impl Future<Output = Response> + 'a
 where
-    F: Future<Output = R>,
+    F: Future<Output = R> + 'a,
     R: IntoResponse,
 {
-    // A panic or a cancellation here drops `claim`, whose guard releases the key.
-    let response = handler.await.into_response();
-    if response.status().is_server_error() {
-        let key = claim.key().clone();
-        match claim.release().await {
-            Ok(()) => {}
-            // Another request took the key over after this one's lease ran out: it is theirs now.
-            Err(error) if error.kind() == StoreErrorKind::Fenced => {
-                tracing::debug!(target: "idem", handler = policy.handler, scope = %key.scope,
-                    key = %key.key, "the key was taken over before it could be released");
+    async move {
+        // A panic or a cancellation here drops `claim`, whose guard releases the key.
+        let capturing = {
+            // Scoped so that this response's storage ends before the next await.
+            let response = handler.await.into_response();
+            if response.status().is_server_error() {
+                // Boxed: a server error is the rare path, and its future would enlarge every
+                // request's.
+                return Box::pin(release_after_server_error(claim, policy, response)).await;
             }
-            Err(error) => {
-                tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
-                    key = %key.key, %error, "could not release the key after a server error; a retry can run once its lease runs out");
-            }
+            respond::capture(response, policy)
+        };
+        let (stored, mut response) = capturing.await;
+        let expires_at = claim.expires_at();
+        // A failed completion is logged and counted by the engine; the client still gets the fresh
+        // response, only without a promise that the key is remembered.
+        if claim.complete_owned(stored).await.is_ok() {
+            respond::set_expires(response.headers_mut(), expires_at);
         }
-        return response;
+        response
     }
-    let expires_at = claim.expires_at();
-    let (stored, mut response) = respond::capture(response, policy).await;
-    // A failed completion is logged and counted by the engine; the client still gets the fresh
-    // response, only without a promise that the key is remembered.
-    if claim.complete(&stored).await.is_ok() {
-        respond::set_expires(response.headers_mut(), expires_at);
+}
+
+/// A 5xx releases the key, so that a retry runs the handler again.
+async fn release_after_server_error(
+    claim: ClaimGuard,
+    policy: &Policy,
+    response: Response,
+) -> Response {
+    let key = claim.key().clone();
+    match claim.release().await {
+        Ok(()) => {}
+        // Another request took the key over after this one's lease ran out: it is theirs now.
+        Err(error) if error.kind() == StoreErrorKind::Fenced => {
+            tracing::debug!(target: "idem", handler = policy.handler, scope = %key.scope,
+                key = %key.key, "the key was taken over before it could be released");
+        }
+        Err(error) => {
+            tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
+                key = %key.key, %error, "could not release the key after a server error; a retry can run once its lease runs out");
+        }
     }
     response
 }
