@@ -6,6 +6,7 @@ use crate::setup::Handle;
 use bytes::Bytes;
 use idem_runtime::policy::Policy;
 use idem_runtime::{Begin, Engine, Fingerprint, RecordKey, StoredResponse};
+use sqlx::Row;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -64,6 +65,26 @@ pub(crate) async fn engine_replay(engine: &Engine, scope: &str, key: String) -> 
             .await,
         Ok(Begin::Replay(_))
     )
+}
+
+/// What a direct replay does with the row it read: compare the fingerprint and decode the response
+/// it would send (status, headers, body), as the engine must. A floor that only checked that a row
+/// exists would not be replaying anything.
+fn replayed(
+    fingerprint: Result<&[u8], sqlx::Error>,
+    status: Result<i32, sqlx::Error>,
+    headers: Result<&str, sqlx::Error>,
+    body: Result<&[u8], sqlx::Error>,
+) -> bool {
+    let (Ok(fp), Ok(status), Ok(headers), Ok(body)) = (fingerprint, status, headers, body) else {
+        return false;
+    };
+    let response = StoredResponse {
+        status: status as u16,
+        headers: StoredResponse::decode_headers(headers).unwrap_or_default(),
+        body: Bytes::copy_from_slice(body),
+    };
+    fp == self::fingerprint().0 && response.status == 201 && !response.body.is_empty()
 }
 
 /// The direct path to one backend.
@@ -220,14 +241,32 @@ impl Floor {
             .bind(key)
             .fetch_optional(pool)
             .await
-            .is_ok_and(|r| r.is_some()),
+            .ok()
+            .flatten()
+            .is_some_and(|row| {
+                replayed(
+                    row.try_get(0),
+                    row.try_get(1),
+                    row.try_get(2),
+                    row.try_get(3),
+                )
+            }),
             Floor::Postgres(pool) => sqlx::query(
                 "SELECT fingerprint, status, headers, body FROM idem.records WHERE scope = 'floor' AND key = $1",
             )
             .bind(key)
             .fetch_optional(pool)
             .await
-            .is_ok_and(|r| r.is_some()),
+            .ok()
+            .flatten()
+            .is_some_and(|row| {
+                replayed(
+                    row.try_get(0),
+                    row.try_get(1),
+                    row.try_get(2),
+                    row.try_get(3),
+                )
+            }),
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
                 redis::cmd("GET")

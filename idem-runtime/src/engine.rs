@@ -46,6 +46,7 @@ use crate::store::{Claim, ClaimOutcome, Store, StoreError};
 use crate::wait::{DuplicateWait, Timers};
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 /// The `Retry-After` hint of an in-flight conflict (see [`Rejection::InFlight`]).
@@ -233,17 +234,33 @@ impl Engine {
         }
     }
 
+    /// Runs one store call under the engine's store timeout. The timer is armed only once the call
+    /// has to wait: a call that is ready when first polled (the memory store, always) never touches
+    /// tokio's timer wheel.
     pub(crate) async fn call<T>(
         &self,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match self.inner.store_timeout {
-            Some(limit) => match tokio::time::timeout(limit, fut).await {
-                Ok(result) => result,
-                Err(elapsed) => Err(StoreError::unavailable(elapsed)),
-            },
-            None => fut.await,
-        }
+        let Some(limit) = self.inner.store_timeout else {
+            return fut.await;
+        };
+        let mut fut = std::pin::pin!(fut);
+        let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
+        std::future::poll_fn(move |cx| {
+            if let Poll::Ready(result) = fut.as_mut().poll(cx) {
+                return Poll::Ready(result);
+            }
+            if timer.is_none() {
+                timer.set(Some(tokio::time::sleep(limit)));
+            }
+            match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Err(StoreError::unavailable(format!(
+                    "no answer within the store timeout ({limit:?})"
+                )))),
+                _ => Poll::Pending,
+            }
+        })
+        .await
     }
 
     pub(crate) fn unavailable(

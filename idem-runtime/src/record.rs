@@ -41,14 +41,23 @@ pub struct FencingToken(pub i64);
 impl FencingToken {
     /// A fresh token: 63 random bits (positive, so it fits a signed SQL column unchanged).
     pub fn generate() -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        // RandomState is seeded from the OS once per process and per-thread incremented; hashing a
-        // process-wide counter through it gives distinct, unpredictable values without a rand dependency.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        Self((h.finish() >> 1) as i64)
+        use std::cell::Cell;
+        use std::collections::hash_map::RandomState;
+        use std::hash::BuildHasher;
+        thread_local! {
+            // Each thread hashes its own counter under its own RandomState keys (random, drawn by
+            // the standard library from the OS for each thread): distinct, unpredictable values
+            // without a rand dependency, and without a counter shared by every core (whose cache
+            // line would move between the cores on every claim).
+            static KEYS: RandomState = RandomState::new();
+            static COUNTER: Cell<u64> = const { Cell::new(0) };
+        }
+        let n = COUNTER.with(|c| {
+            let n = c.get();
+            c.set(n.wrapping_add(1));
+            n
+        });
+        Self((KEYS.with(|keys| keys.hash_one(n)) >> 1) as i64)
     }
 }
 
@@ -133,5 +142,31 @@ impl Record {
     /// Whether the record is past retention and counts as absent.
     pub fn is_forgotten(&self, now: Timestamp) -> bool {
         self.retain_until <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FencingToken;
+    use std::collections::HashSet;
+
+    #[test]
+    fn tokens_are_positive_and_distinct_across_threads() {
+        let per_thread: Vec<Vec<FencingToken>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..10_000).map(|_| FencingToken::generate()).collect()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("token thread"))
+                .collect()
+        });
+        let all: Vec<FencingToken> = per_thread.into_iter().flatten().collect();
+        assert!(
+            all.iter().all(|t| t.0 >= 0),
+            "tokens fit a signed column unchanged"
+        );
+        let distinct: HashSet<i64> = all.iter().map(|t| t.0).collect();
+        assert_eq!(distinct.len(), all.len());
     }
 }
