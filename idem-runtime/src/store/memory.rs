@@ -9,11 +9,11 @@
 //! PostgreSQL or Redis for that.
 //!
 //! # Layout
-//! Records live in a hash table of slots, each holding the key (once), the record, the key's hash
-//! and a sequence number. Keys are client-controlled, so the hash is the standard library's keyed
-//! SipHash, computed once per operation and kept in the slot for the table's own resizing. The
-//! retention index maps `(retain_until, sequence)` to that hash: eviction finds its slot by hash and
-//! sequence, so the index holds no copy of the key and compares integers only.
+//! Records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the key,
+//! once, the record and a sequence number). Keys are client-controlled, so the hash is the standard
+//! library's keyed SipHash, computed once per operation and kept in the bucket for the table's own
+//! resizing. The retention index maps `(retain_until, sequence)` to that hash: eviction finds its
+//! slot by hash and sequence, so the index holds no copy of the key and compares integers only.
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
@@ -43,16 +43,24 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: HashTable<Slot>,
+    records: HashTable<Bucket>,
     /// `(retain_until, seq)` → the hash of the slot with that `seq`.
     by_retention: BTreeMap<(Timestamp, u64), u64>,
     next_seq: u64,
     hasher: RandomState,
 }
 
+/// What the table holds: the key's hash and the boxed slot. Sixteen bytes, so that growing a table
+/// of millions of records moves little (the mutex is held meanwhile), and a probe compares hashes
+/// before it follows a pointer.
+#[derive(Debug)]
+struct Bucket {
+    hash: u64,
+    slot: Box<Slot>,
+}
+
 #[derive(Debug)]
 struct Slot {
-    hash: u64,
     /// Tells this record's retention entry from a later record's under the same key.
     seq: u64,
     key: RecordKey,
@@ -65,16 +73,17 @@ impl Inner {
     }
 
     fn find(&self, key: &RecordKey) -> Option<&Record> {
+        let hash = self.hash(key);
         self.records
-            .find(self.hash(key), |s| s.key == *key)
-            .map(|s| &s.record)
+            .find(hash, |b| b.hash == hash && b.slot.key == *key)
+            .map(|b| &b.slot.record)
     }
 
     fn find_mut(&mut self, key: &RecordKey) -> Option<&mut Record> {
         let hash = self.hash(key);
         self.records
-            .find_mut(hash, |s| s.key == *key)
-            .map(|s| &mut s.record)
+            .find_mut(hash, |b| b.hash == hash && b.slot.key == *key)
+            .map(|b| &mut b.slot.record)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -84,8 +93,11 @@ impl Inner {
 
     fn remove(&mut self, key: &RecordKey) {
         let hash = self.hash(key);
-        if let Ok(entry) = self.records.find_entry(hash, |s| s.key == *key) {
-            let (slot, _) = entry.remove();
+        if let Ok(entry) = self
+            .records
+            .find_entry(hash, |b| b.hash == hash && b.slot.key == *key)
+        {
+            let (Bucket { slot, .. }, _) = entry.remove();
             self.by_retention
                 .remove(&(slot.record.retain_until, slot.seq));
         }
@@ -102,8 +114,11 @@ impl Inner {
                 break;
             }
             let hash = entry.remove();
-            if let Ok(slot) = self.records.find_entry(hash, |s| s.seq == seq) {
-                slot.remove();
+            if let Ok(bucket) = self
+                .records
+                .find_entry(hash, |b| b.hash == hash && b.slot.seq == seq)
+            {
+                bucket.remove();
             }
             evicted += 1;
         }
@@ -153,9 +168,10 @@ impl Store for MemoryStore {
             ..
         } = &mut *guard;
         let fresh = Record::new_claim(claim);
-        let taken_over = match records.entry(hash, |s| s.key == *claim.key, |s| s.hash) {
+        let same_key = |b: &Bucket| b.hash == hash && b.slot.key == *claim.key;
+        let taken_over = match records.entry(hash, same_key, |b| b.hash) {
             Entry::Occupied(mut entry) => {
-                let slot = entry.get_mut();
+                let slot = &mut *entry.get_mut().slot;
                 let record = &mut slot.record;
                 if !record.is_forgotten(claim.now) {
                     if !record.can_take_over(claim) {
@@ -177,11 +193,13 @@ impl Store for MemoryStore {
             }
             Entry::Vacant(entry) => {
                 by_retention.insert((fresh.retain_until, seq), hash);
-                entry.insert(Slot {
+                entry.insert(Bucket {
                     hash,
-                    seq,
-                    key: claim.key.clone(),
-                    record: fresh,
+                    slot: Box::new(Slot {
+                        seq,
+                        key: claim.key.clone(),
+                        record: fresh,
+                    }),
                 });
                 false
             }
