@@ -225,6 +225,39 @@ impl Floor {
         }
     }
 
+    /// PostgreSQL only: a replay through idem's own claim statement (the read, plus the insert that
+    /// inserts nothing), issued directly on the store's pool with the same binds, decoding the same
+    /// columns as [`replay`](Self::replay). Beside the engine, it shows what the framework adds to
+    /// its statement; beside the bare `SELECT`, what the claim-capable statement costs.
+    pub(crate) async fn replay_via_claim_statement(&self, key: &str) -> bool {
+        let Floor::Postgres(pool) = self else {
+            return false;
+        };
+        let now = now_ms();
+        sqlx::query(idem_runtime::store::postgres::CLAIM_STATEMENT)
+            .bind("floor")
+            .bind(key)
+            .bind(&fingerprint().0[..])
+            .bind(1_i64)
+            .bind(now)
+            .bind(now + 86_400_000)
+            .bind(now + 86_400_000)
+            .bind(now + 30_000)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|row| {
+                !row.try_get::<bool, _>("inserted").unwrap_or(true)
+                    && replayed(
+                        row.try_get("fingerprint"),
+                        row.try_get("status"),
+                        row.try_get("headers"),
+                        row.try_get("body"),
+                    )
+            })
+    }
+
     /// Read a completed record by key.
     pub(crate) async fn replay(&self, key: &str) -> bool {
         match self {

@@ -24,6 +24,8 @@ enum Path {
     EngineReplay,
     FloorNew,
     FloorReplay,
+    /// PostgreSQL only: idem's claim statement issued directly.
+    StatementReplay,
 }
 
 type Cells = BTreeMap<(Option<&'static str>, Path, usize), Vec<Sample>>;
@@ -162,6 +164,22 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     .entry((name, Path::FloorReplay, c))
                     .or_default()
                     .push(s);
+
+                if t.backend == Backend::Postgres {
+                    let f = t.floor.clone();
+                    let s = load::drive(c, bounds, move |_, n| {
+                        let f = f.clone();
+                        async move {
+                            f.replay_via_claim_statement(&format!("r{}", n as usize % REPLAY_KEYS))
+                                .await
+                        }
+                    })
+                    .await;
+                    cells
+                        .entry((name, Path::StatementReplay, c))
+                        .or_default()
+                        .push(s);
+                }
             }
         }
     }
@@ -257,6 +275,31 @@ fn print(targets: &[Target], cells: &Cells) {
             }
             println!("{line}");
         }
+    }
+
+    if targets.iter().any(|t| t.backend == Backend::Postgres) {
+        let n = Backend::Postgres.name();
+        println!("\nPostgreSQL replays, split: the claim statement idem sends, issued directly with sqlx (same binds, same decoded columns, no engine), against the bare `SELECT` floor above and against the engine. The first ratio is what a statement that can also claim costs; the second, what the framework adds to it.\n");
+        print!("| PostgreSQL replay |");
+        for c in CONCURRENCY {
+            print!(" {c}: claim statement req/s (p50) | vs bare `SELECT` | engine vs statement |");
+        }
+        println!();
+        println!("|---|{}", "---|---|---|".repeat(CONCURRENCY.len()));
+        let mut line = "| replay |".to_owned();
+        for c in CONCURRENCY {
+            let st = med(cells, (Some(n), Path::StatementReplay, c));
+            let f = med(cells, (Some(n), Path::FloorReplay, c));
+            let e = med(cells, (Some(n), Path::EngineReplay, c));
+            line += &format!(
+                " {} ({}) | {} | {} |",
+                rate(st.rps),
+                d(st.p50),
+                pct(st.rps / f.rps.max(1e-9)),
+                pct(e.rps / st.rps.max(1e-9))
+            );
+        }
+        println!("{line}");
     }
 
     // Targets.
