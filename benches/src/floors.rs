@@ -68,15 +68,22 @@ pub(crate) async fn engine_replay(engine: &Engine, scope: &str, key: String) -> 
 }
 
 /// What a direct replay does with the row it read: compare the fingerprint and decode the response
-/// it would send (status, headers, body), as the engine must. A floor that only checked that a row
-/// exists would not be replaying anything.
-fn replayed(
-    fingerprint: Result<&[u8], sqlx::Error>,
-    status: Result<i32, sqlx::Error>,
-    headers: Result<&str, sqlx::Error>,
-    body: Result<&[u8], sqlx::Error>,
-) -> bool {
-    let (Ok(fp), Ok(status), Ok(headers), Ok(body)) = (fingerprint, status, headers, body) else {
+/// it would send (status, headers, body: the row's columns `at`), as the engine must. A floor that
+/// only checked that a row exists would not be replaying anything.
+fn replayed<'r, R: Row>(row: &'r R, at: [usize; 4]) -> bool
+where
+    usize: sqlx::ColumnIndex<R>,
+    &'r [u8]: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let [fp, status, headers, body] = at;
+    let (Ok(fp), Ok(status), Ok(headers), Ok(body)) = (
+        row.try_get::<&[u8], _>(fp),
+        row.try_get::<i32, _>(status),
+        row.try_get::<&str, _>(headers),
+        row.try_get::<&[u8], _>(body),
+    ) else {
         return false;
     };
     let response = StoredResponse {
@@ -248,13 +255,9 @@ impl Floor {
             .ok()
             .flatten()
             .is_some_and(|row| {
-                !row.try_get::<bool, _>("inserted").unwrap_or(true)
-                    && replayed(
-                        row.try_get("fingerprint"),
-                        row.try_get("status"),
-                        row.try_get("headers"),
-                        row.try_get("body"),
-                    )
+                // Columns: inserted, fingerprint, token, three times, state, lease, status,
+                // headers, body.
+                !row.try_get::<bool, _>(0).unwrap_or(true) && replayed(&row, [1, 8, 9, 10])
             })
     }
 
@@ -276,14 +279,7 @@ impl Floor {
             .await
             .ok()
             .flatten()
-            .is_some_and(|row| {
-                replayed(
-                    row.try_get(0),
-                    row.try_get(1),
-                    row.try_get(2),
-                    row.try_get(3),
-                )
-            }),
+            .is_some_and(|row| replayed(&row, [0, 1, 2, 3])),
             Floor::Postgres(pool) => sqlx::query(
                 "SELECT fingerprint, status, headers, body FROM idem.records WHERE scope = 'floor' AND key = $1",
             )
@@ -292,14 +288,7 @@ impl Floor {
             .await
             .ok()
             .flatten()
-            .is_some_and(|row| {
-                replayed(
-                    row.try_get(0),
-                    row.try_get(1),
-                    row.try_get(2),
-                    row.try_get(3),
-                )
-            }),
+            .is_some_and(|row| replayed(&row, [0, 1, 2, 3])),
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
                 redis::cmd("GET")

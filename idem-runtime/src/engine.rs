@@ -321,16 +321,8 @@ impl Engine {
             let mut wait = DuplicateWait::default();
             loop {
                 let now = self.inner.clock.now();
-                let token = FencingToken::generate();
-                let claim = Claim {
-                    key: &key,
-                    fingerprint,
-                    token,
-                    now,
-                    lease_until: now + policy.lease,
-                    expires_at: now + policy.ttl,
-                    retain_until: now + policy.retain,
-                };
+                let claim = Claim::fresh(&key, fingerprint, now, policy);
+                let token = claim.token;
                 let found = match self.call(self.store_ref().claim(&claim)).await {
                     Ok(ClaimOutcome::Claimed { taken_over }) => {
                         let outcome = if taken_over {

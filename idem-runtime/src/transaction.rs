@@ -276,16 +276,8 @@ impl<S: TransactionalStore> Transactional<S> {
         let mut retries = 0;
         loop {
             let now = engine.now();
-            let token = FencingToken::generate();
-            let claim = Claim {
-                key: &key,
-                fingerprint,
-                token,
-                now,
-                lease_until: now + policy.lease,
-                expires_at: now + policy.ttl,
-                retain_until: now + policy.retain,
-            };
+            let claim = Claim::fresh(&key, fingerprint, now, policy);
+            let token = claim.token;
             // 1. A plain read: replays and rejections never open a transaction.
             let found = match engine.call(self.store.get(&key, now)).await {
                 Ok(found) => found,

@@ -54,6 +54,27 @@ pub struct Claim<'a> {
     pub retain_until: Timestamp,
 }
 
+impl<'a> Claim<'a> {
+    /// A claim of `key` at `now` under `policy`, with a fresh fencing token: the lease, expiry and
+    /// retention follow from the policy's durations.
+    pub fn fresh(
+        key: &'a RecordKey,
+        fingerprint: Fingerprint,
+        now: Timestamp,
+        policy: &crate::policy::Policy,
+    ) -> Self {
+        Self {
+            key,
+            fingerprint,
+            token: FencingToken::generate(),
+            now,
+            lease_until: now + policy.lease,
+            expires_at: now + policy.ttl,
+            retain_until: now + policy.retain,
+        }
+    }
+}
+
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
