@@ -149,8 +149,10 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a half-written record: every mutation is a
-        // single insert or remove, so the data is consistent and the poison can be ignored.
+        // A panic while holding the lock cannot leave a half-written record: a record is written by
+        // one assignment or one table insert, and the only thing between a table change and its
+        // retention-index change is allocation, which aborts rather than panics. So the data is
+        // consistent and the poison can be ignored.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
