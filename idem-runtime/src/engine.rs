@@ -322,20 +322,14 @@ impl Engine {
             loop {
                 let now = self.inner.clock.now();
                 let claim = Claim::fresh(&key, fingerprint, now, policy);
-                let token = claim.token;
                 let found = match self.call(self.store_ref().claim(&claim)).await {
                     Ok(ClaimOutcome::Claimed { taken_over }) => {
-                        let outcome = if taken_over {
-                            Outcome::TakenOver
-                        } else {
-                            Outcome::Executed
-                        };
-                        self.record(outcome, &key, policy);
+                        self.record(Outcome::of_claim(taken_over), &key, policy);
                         return Ok(Begin::Execute(ClaimGuard {
                             engine: self.clone(),
                             expires_at: claim.expires_at,
+                            token: claim.token,
                             key,
-                            token,
                             taken_over,
                             armed: true,
                             handler: policy.handler,

@@ -40,6 +40,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a successful claim: a fresh execution, or a takeover of a dead worker's claim.
+    pub(crate) fn of_claim(taken_over: bool) -> Self {
+        if taken_over {
+            Outcome::TakenOver
+        } else {
+            Outcome::Executed
+        }
+    }
+
     /// Every outcome, in a stable order.
     pub const ALL: [Outcome; 14] = [
         Outcome::Executed,

@@ -277,7 +277,6 @@ impl<S: TransactionalStore> Transactional<S> {
         loop {
             let now = engine.now();
             let claim = Claim::fresh(&key, fingerprint, now, policy);
-            let token = claim.token;
             // 1. A plain read: replays and rejections never open a transaction.
             let found = match engine.call(self.store.get(&key, now)).await {
                 Ok(found) => found,
@@ -306,20 +305,15 @@ impl<S: TransactionalStore> Transactional<S> {
                         .await
                     {
                         Ok(ClaimOutcome::Claimed { taken_over }) => {
-                            let outcome = if taken_over {
-                                Outcome::TakenOver
-                            } else {
-                                Outcome::Executed
-                            };
-                            engine.record(outcome, &key, policy);
+                            engine.record(Outcome::of_claim(taken_over), &key, policy);
                             return Ok(TxBegin::Execute(TxClaim {
                                 tx: Tx::owned(open.tx),
                                 gate: open.gate,
                                 store: self.store.clone(),
                                 engine: engine.clone(),
                                 expires_at: claim.expires_at,
+                                token: claim.token,
                                 key,
-                                token,
                                 taken_over,
                                 armed: true,
                                 handler: policy.handler,
