@@ -51,8 +51,8 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 status.is_some_and(|s| s.is_success()),
                 "seeding {backend:?}"
             );
-            assert!(floors::engine_new(&engine, "engine-replay", format!("r{i}")).await);
-            assert!(floor.new_request(&format!("r{i}")).await);
+            assert!(floors::engine_new(&engine, "engine-replay", replay_key(i as u64)).await);
+            assert!(floor.new_request(&replay_key(i as u64)).await);
         }
         targets.push(Target {
             backend: *backend,
@@ -89,7 +89,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 bounds,
             )
             .await;
-            cells.entry((None, Path::Plain, c)).or_default().push(s);
+            put(&mut cells, None, Path::Plain, c, s);
             for t in &targets {
                 run_id += 1;
                 let name = Some(t.backend.name());
@@ -101,7 +101,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     bounds,
                 )
                 .await;
-                cells.entry((name, Path::HttpNew, c)).or_default().push(s);
+                put(&mut cells, name, Path::HttpNew, c, s);
                 let s = load::http(
                     t.addr,
                     "/idem",
@@ -110,10 +110,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     bounds,
                 )
                 .await;
-                cells
-                    .entry((name, Path::HttpReplay, c))
-                    .or_default()
-                    .push(s);
+                put(&mut cells, name, Path::HttpReplay, c, s);
 
                 if std::env::var_os("IDEM_BENCH_HTTP_ONLY").is_some() {
                     continue;
@@ -126,24 +123,14 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     async move { floors::engine_new(&e, &scope, format!("{w}-{n}")).await }
                 })
                 .await;
-                cells.entry((name, Path::EngineNew, c)).or_default().push(s);
+                put(&mut cells, name, Path::EngineNew, c, s);
                 let e = t.engine.clone();
                 let s = load::drive(c, bounds, move |_, n| {
                     let e = e.clone();
-                    async move {
-                        floors::engine_replay(
-                            &e,
-                            "engine-replay",
-                            format!("r{}", n as usize % REPLAY_KEYS),
-                        )
-                        .await
-                    }
+                    async move { floors::engine_replay(&e, "engine-replay", replay_key(n)).await }
                 })
                 .await;
-                cells
-                    .entry((name, Path::EngineReplay, c))
-                    .or_default()
-                    .push(s);
+                put(&mut cells, name, Path::EngineReplay, c, s);
 
                 let f = t.floor.clone();
                 let prefix: Arc<str> = format!("f{run_id}").into();
@@ -153,37 +140,38 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     async move { f.new_request(&format!("{prefix}-{w}-{n}")).await }
                 })
                 .await;
-                cells.entry((name, Path::FloorNew, c)).or_default().push(s);
+                put(&mut cells, name, Path::FloorNew, c, s);
                 let f = t.floor.clone();
                 let s = load::drive(c, bounds, move |_, n| {
                     let f = f.clone();
-                    async move { f.replay(&format!("r{}", n as usize % REPLAY_KEYS)).await }
+                    async move { f.replay(&replay_key(n)).await }
                 })
                 .await;
-                cells
-                    .entry((name, Path::FloorReplay, c))
-                    .or_default()
-                    .push(s);
+                put(&mut cells, name, Path::FloorReplay, c, s);
 
                 if t.backend == Backend::Postgres {
                     let f = t.floor.clone();
                     let s = load::drive(c, bounds, move |_, n| {
                         let f = f.clone();
-                        async move {
-                            f.replay_via_claim_statement(&format!("r{}", n as usize % REPLAY_KEYS))
-                                .await
-                        }
+                        async move { f.replay_via_claim_statement(&replay_key(n)).await }
                     })
                     .await;
-                    cells
-                        .entry((name, Path::StatementReplay, c))
-                        .or_default()
-                        .push(s);
+                    put(&mut cells, name, Path::StatementReplay, c, s);
                 }
             }
         }
     }
     print(&targets, &cells);
+}
+
+/// Adds one sample to the cell of `name`'s `path` at `c` connections.
+fn put(cells: &mut Cells, name: Option<&'static str>, path: Path, c: usize, s: Sample) {
+    cells.entry((name, path, c)).or_default().push(s);
+}
+
+/// The `n`th request's key among the completed keys every replay cell reads.
+fn replay_key(n: u64) -> String {
+    format!("r{}", n as usize % REPLAY_KEYS)
 }
 
 #[derive(Debug, Clone, Copy, Default)]
