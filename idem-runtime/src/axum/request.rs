@@ -90,3 +90,39 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
     };
     RequestContext { fingerprint, key }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::axum::http::StatusCode;
+
+    fn in_frames(frames: &[&'static str]) -> Body {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = frames
+            .iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        Body::from_stream(futures_util::stream::iter(chunks))
+    }
+
+    #[tokio::test]
+    async fn a_body_in_several_frames_is_read_whole_and_in_order() {
+        let bytes = read_body(in_frames(&["{\"a\":", "", "1,\"b\":", "2}"]), 1024)
+            .await
+            .expect("within the limit");
+        assert_eq!(&bytes[..], b"{\"a\":1,\"b\":2}");
+        let single = read_body(in_frames(&["only"]), 1024)
+            .await
+            .expect("one frame");
+        assert_eq!(&single[..], b"only");
+        let empty = read_body(in_frames(&[]), 1024).await.expect("no frame");
+        assert!(empty.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_across_frames_is_refused() {
+        let refused = read_body(in_frames(&["12345", "67890", "x"]), 10)
+            .await
+            .expect_err("11 bytes over a 10-byte limit");
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+}

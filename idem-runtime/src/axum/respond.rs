@@ -286,6 +286,16 @@ mod tests {
     }
 
     #[test]
+    fn the_cached_expiry_date_follows_the_second_asked_for() {
+        let at = |ms| http_date(Timestamp::from_millis(ms)).expect("a valid date");
+        assert_eq!(at(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(at(999), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(at(1_000), "Thu, 01 Jan 1970 00:00:01 GMT");
+        assert_eq!(at(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(at(86_400_000), "Fri, 02 Jan 1970 00:00:00 GMT");
+    }
+
+    #[test]
     fn a_replay_skips_what_must_never_be_replayed_even_if_stored() {
         let stored = StoredResponse {
             status: 200,
