@@ -308,6 +308,49 @@ async fn replays_do_not_write() {
     assert_ne!(version(store.pool().clone(), in_flight).await, claimed);
 }
 
+/// A replay's claim statement is a primary-key read: PostgreSQL never executes its insert branch
+/// (`idem.insert_claim`), whose cost a replay would otherwise pay. A new key does execute it, once.
+/// Read from `EXPLAIN ANALYZE` of the statement the store issues, with the store's binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_never_execute_the_insert() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let store = db.store().await;
+    let existing = fresh_key();
+    claim_and_complete(&store, &existing).await;
+    let plan = |key: idem_runtime::RecordKey| {
+        let pool = store.pool().clone();
+        async move {
+            let claim = claim_of(&key, FencingToken::generate());
+            let lines: Vec<String> = sqlx::query_scalar(&format!(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
+                idem_runtime::store::postgres::CLAIM_STATEMENT
+            ))
+            .bind(&claim.key.scope)
+            .bind(&claim.key.key)
+            .bind(claim.fingerprint.0.as_slice())
+            .bind(claim.token.0)
+            .bind(claim.now.as_millis())
+            .bind(claim.expires_at.as_millis())
+            .bind(claim.retain_until.as_millis())
+            .bind(claim.lease_until.as_millis())
+            .fetch_all(&pool)
+            .await
+            .expect("explain the claim statement");
+            lines
+                .into_iter()
+                .find(|line| line.contains("Function Scan on insert_claim"))
+                .unwrap_or_else(|| panic!("no insert_claim node in the plan of {key}"))
+        }
+    };
+    let replay = plan(existing.clone()).await;
+    assert!(replay.contains("never executed"), "replay: {replay}");
+    let fresh = plan(fresh_key()).await;
+    assert!(fresh.contains("loops=1"), "new key: {fresh}");
+    assert!(!fresh.contains("never executed"), "new key: {fresh}");
+}
+
 /// The store's migrations keep their own history (`idem._sqlx_migrations`), so an application's
 /// migrator in the same database neither sees them nor needs `set_ignore_missing`, and both can run
 /// on every start.
@@ -403,8 +446,8 @@ async fn undecodable_record_is_corrupt() {
 }
 
 /// The READ COMMITTED case: a claim whose insert waits on another transaction's uncommitted insert of
-/// the same key finds, once that commits, neither its own row (conflict) nor the other's (committed
-/// after its snapshot). It must run again and return the other's record, never claim it too.
+/// the same key finds, once that commits, neither its own row (conflict) nor, under the snapshot its
+/// read took, the other's. It must read again and return the other's record, never claim it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
     let Some(db) = TestDb::create().await else {
@@ -443,7 +486,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                 AND query LIKE '%WITH existing AS%'",
+                 AND query LIKE '%idem.insert_claim%'",
             )
             .fetch_one(&pool)
             .await
