@@ -428,6 +428,7 @@ impl<S: TransactionalStore> Transactional<S> {
     }
 
     /// A transaction without a claim, for requests the policy lets through without a key.
+    #[cfg(feature = "axum")]
     pub(crate) async fn open_unprotected(
         &self,
         policy: &Policy,
@@ -569,11 +570,13 @@ impl<S: TransactionalStore> Drop for TxClaim<S> {
 }
 
 /// A transaction without a claim (requests passed through without a key).
+#[cfg(feature = "axum")]
 pub(crate) struct Unprotected<DB: Database> {
     pub(crate) tx: Tx<DB>,
     _gate: Option<OwnedMutexGuard<()>>,
 }
 
+#[cfg(feature = "axum")]
 impl<DB: Database> Unprotected<DB> {
     pub(crate) async fn commit(mut self) -> Result<(), StoreError> {
         match self.tx.inner.take() {
@@ -629,6 +632,7 @@ impl<DB: Database> Tx<DB> {
 
     /// Moves the transaction into a new handle that sends it back here when dropped (the handler's
     /// parameter); [`Lent::restore`] takes it back.
+    #[cfg(feature = "axum")]
     pub(crate) fn lend(&mut self) -> (Tx<DB>, Lent<DB>) {
         let home: Home<DB> = Arc::new(Mutex::new(None));
         let lent = Tx {
@@ -640,10 +644,12 @@ impl<DB: Database> Tx<DB> {
 }
 
 /// A transaction lent to a handler.
+#[cfg(feature = "axum")]
 pub(crate) struct Lent<DB: Database> {
     home: Home<DB>,
 }
 
+#[cfg(feature = "axum")]
 impl<DB: Database> Lent<DB> {
     /// Puts the transaction back into `tx`; false if the handler kept it.
     pub(crate) fn restore(self, tx: &mut Tx<DB>) -> bool {
