@@ -728,7 +728,7 @@ impl TxHandle for Tx<sqlx::Sqlite> {
     }
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(all(test, feature = "sqlite", feature = "axum"))]
 mod tests {
     use super::*;
     use sqlx::sqlite::SqlitePool;

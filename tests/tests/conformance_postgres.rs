@@ -6,8 +6,8 @@
 //! `IDEM_TEST_POSTGRES_URL` ([`TestDb`]), dropped when the case ends.
 
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
-use idem_runtime::sqlx::{self, Row};
-use idem_runtime::store::postgres::PostgresStore;
+use idem_runtime::sqlx::{self, ConnectOptions, Row};
+use idem_runtime::store::postgres::{PostgresStore, CLAIM_STATEMENT};
 use idem_runtime::store::{Claim, ClaimOutcome};
 use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
@@ -92,6 +92,22 @@ fn claim_of<'a>(key: &'a idem_runtime::RecordKey, token: FencingToken) -> Claim<
         expires_at: T0 + Duration::from_secs(3600),
         retain_until: T0 + Duration::from_secs(4 * 3600),
     }
+}
+
+/// `statement` (the claim statement, or it under `EXPLAIN`) with the store's binds for `claim`.
+fn bind_claim<'q>(
+    statement: &'q str,
+    claim: &'q Claim<'q>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(statement)
+        .bind(&claim.key.scope)
+        .bind(&claim.key.key)
+        .bind(claim.fingerprint.0.as_slice())
+        .bind(claim.token.0)
+        .bind(claim.now.as_millis())
+        .bind(claim.expires_at.as_millis())
+        .bind(claim.retain_until.as_millis())
+        .bind(claim.lease_until.as_millis())
 }
 
 async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey) {
@@ -323,23 +339,13 @@ async fn replays_never_execute_the_insert() {
         let pool = store.pool().clone();
         async move {
             let claim = claim_of(&key, FencingToken::generate());
-            let lines: Vec<String> = sqlx::query_scalar(&format!(
-                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
-                idem_runtime::store::postgres::CLAIM_STATEMENT
-            ))
-            .bind(&claim.key.scope)
-            .bind(&claim.key.key)
-            .bind(claim.fingerprint.0.as_slice())
-            .bind(claim.token.0)
-            .bind(claim.now.as_millis())
-            .bind(claim.expires_at.as_millis())
-            .bind(claim.retain_until.as_millis())
-            .bind(claim.lease_until.as_millis())
-            .fetch_all(&pool)
-            .await
-            .expect("explain the claim statement");
-            lines
-                .into_iter()
+            let explain = format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {CLAIM_STATEMENT}");
+            let rows = bind_claim(&explain, &claim)
+                .fetch_all(&pool)
+                .await
+                .expect("explain the claim statement");
+            rows.iter()
+                .map(|row| row.get::<String, _>(0))
                 .find(|line| line.contains("Function Scan on insert_claim"))
                 .unwrap_or_else(|| panic!("no insert_claim node in the plan of {key}"))
         }
@@ -395,6 +401,31 @@ async fn migrations_coexist_with_the_applications() {
     assert!(!search_path.starts_with("idem"), "{search_path}");
 }
 
+/// A rolling deploy or a rollback: an instance whose idem is older than the database's schema (the
+/// history holds a version it does not know) still starts and works, since idem's migrations only
+/// add. Without `ignore_missing` sqlx refuses with "previously applied but is missing".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_version_starts_after_a_later_one_migrated() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let pool = db.pool().await;
+    PostgresStore::migrate(&pool).await.expect("migrate");
+    sqlx::query(
+        "INSERT INTO idem._sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (29991231000000, 'added by a later idem', true, '\\x00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a version from the future");
+    PostgresStore::migrate(&pool)
+        .await
+        .expect("a version this build does not know is ignored");
+    let store = db.store().await;
+    let key = fresh_key();
+    claim_and_complete(&store, &key).await;
+}
+
 /// Several instances starting at once all migrate successfully.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_starting_together_migrate_once() {
@@ -448,6 +479,8 @@ async fn undecodable_record_is_corrupt() {
 /// The READ COMMITTED case: a claim whose insert waits on another transaction's uncommitted insert of
 /// the same key finds, once that commits, neither its own row (conflict) nor, under the snapshot its
 /// read took, the other's. It must read again and return the other's record, never claim it too.
+/// The claim statement itself does that read (inside `idem.insert_claim`, under a new snapshot): one
+/// row, not inserted, their token, rather than nothing and a second run of the statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
     let Some(db) = TestDb::create().await else {
@@ -479,6 +512,20 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
         let (store, key) = (store.clone(), key.clone());
         async move { store.claim(&claim_of(&key, FencingToken::generate())).await }
     });
+    let statement = tokio::spawn({
+        let (options, key) = (db.options(), key.clone());
+        async move {
+            let mut conn = options.connect().await.expect("a connection of its own");
+            let claim = claim_of(&key, FencingToken::generate());
+            bind_claim(CLAIM_STATEMENT, &claim)
+                .fetch_all(&mut conn)
+                .await
+                .expect("the claim statement")
+                .iter()
+                .map(|row| (row.get::<bool, _>("inserted"), row.get::<i64, _>("token")))
+                .collect::<Vec<_>>()
+        }
+    });
     // Commit only once the claim is blocked on our row: an observable server state, polled, with a
     // bound that only limits a failure.
     let blocked = async {
@@ -491,7 +538,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
             .fetch_one(&pool)
             .await
             .expect("pg_stat_activity");
-            if waiting == 1 {
+            if waiting == 2 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -499,8 +546,14 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
     };
     tokio::time::timeout(GENEROUS, blocked)
         .await
-        .expect("the claim blocks on the uncommitted row");
+        .expect("both claims block on the uncommitted row");
     tx.commit().await.expect("commit");
+
+    assert_eq!(
+        statement.await.expect("join"),
+        vec![(false, theirs.0)],
+        "the statement returns their record, read inside the function"
+    );
 
     match claiming.await.expect("join").expect("claim") {
         ClaimOutcome::Existing(record) => {

@@ -1,14 +1,16 @@
 -- The insert half of the claim (see `CLAIM` in src/store/postgres.rs), kept out of the claim
 -- statement's own plan: PostgreSQL sets up an INSERT's executor state (the result relation, its
 -- indexes, the ON CONFLICT arbiter, RETURNING) on every execution of a plan that holds one, even when
--- it inserts nothing. Under pgbench that cost replays ~28% of their throughput beside a bare
--- primary-key read. The claim statement reads the record first and calls this only when it found none.
+-- it inserts nothing; under pgbench that held replays at ~72% of a bare primary-key read. The claim
+-- statement reads the record first and calls this only when it found none.
 --
 -- Inserts the fresh in-flight record and returns it with `inserted = true`; if an identical claim
 -- inserted it first (it committed after the claim statement's snapshot, or was in flight and the
 -- INSERT waited for it), returns that record with `inserted = false`, read under a new snapshot (a
 -- VOLATILE PL/pgSQL function takes one per statement under READ COMMITTED). Returns nothing only if
--- that record was also purged meanwhile; the claim then runs again.
+-- that record was also deleted meanwhile (released or purged); the claim then runs again.
+-- Keep it PARALLEL UNSAFE (the default): the claim statement relies on a plan without parallel
+-- workers, whose Append runs the read before this call.
 CREATE FUNCTION idem.insert_claim(
     p_scope TEXT, p_key TEXT, p_fingerprint BYTEA, p_token BIGINT, p_created_at BIGINT,
     p_expires_at BIGINT, p_retain_until BIGINT, p_lease_until BIGINT

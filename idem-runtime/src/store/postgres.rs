@@ -25,6 +25,12 @@
 //! privilege on the database the first time (or a `CREATE SCHEMA idem` by an administrator); later
 //! starts need none.
 //!
+//! idem's migrations only add (a column with a default, a function) and never change what an
+//! earlier version reads or writes, so instances of two versions can share the database during a
+//! rolling deploy or a rollback. For that, an instance ignores versions in the history that it does
+//! not know (sqlx's `ignore_missing`): an earlier version started after a later one migrated starts
+//! normally instead of failing with "migration … was previously applied but is missing".
+//!
 //! # Statements
 //!
 //! - **Claim**: one statement, one round trip, whether the key is new or a replay: a primary-key
@@ -35,9 +41,15 @@
 //!   whose plan holds no INSERT: no `DO UPDATE`, which would write and flush on every replay, and no
 //!   INSERT in the statement itself, whose executor state PostgreSQL sets up on every execution even
 //!   when nothing is inserted (that cost replays ~28% of their throughput under pgbench; the function
-//!   costs new requests ~5% of the claim's, the fsync of their commit dominating). If the function
-//!   finds nothing either (the concurrent record was purged meanwhile), the claim runs the statement
-//!   again (bounded).
+//!   costs a new key's claim ~9%, the fsync of its commit dominating). If the function finds nothing
+//!   either (the concurrent record was deleted meanwhile, released or purged), the claim runs the
+//!   statement again (bounded). The order of the two branches is what keeps the INSERT off a
+//!   replay's path: a plan without parallel workers runs `Append`'s children in order, and the
+//!   function, like every function by default, is `PARALLEL UNSAFE`, so no parallel plan is made.
+//!   Under a database whose default isolation is REPEATABLE READ or SERIALIZABLE, a claim that meets
+//!   an identical claim's row committed after its snapshot fails with a serialization error (503,
+//!   retryable) instead of re-reading, as the earlier statement did; idem's statements assume the
+//!   default READ COMMITTED.
 //!   Taking over a dead lease, or replacing a record past retention, is a second, conditional
 //!   `UPDATE … WHERE token = <the token seen> AND <the takeover rule>`: if anyone changed the record
 //!   meanwhile, nothing is written and the claim starts over. Nothing in flight or completed is ever
@@ -95,8 +107,13 @@ pub const CHANNEL: &str = "idem_records";
 /// How long [`PostgresStore::pool_options`] pools wait for a connection before failing.
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The embedded migrations (`migrations/postgres/`), run with `search_path = idem`.
-static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+/// The embedded migrations (`migrations/postgres/`), run with `search_path = idem`. Versions applied
+/// by a later idem are ignored (see the [module documentation](self)).
+fn migrator() -> Migrator {
+    let mut migrator = sqlx::migrate!("./migrations/postgres");
+    migrator.set_ignore_missing(true);
+    migrator
+}
 
 /// How often a claim re-runs its statement when concurrent changes keep it from settling. Each retry
 /// means another request changed the key in between, so a few suffice; the bound only guards against
@@ -441,7 +458,7 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
     .execute(own)
     .await
     .map_err(StoreError::unavailable)?;
-    MIGRATOR.run(own).await.map_err(StoreError::unavailable)
+    migrator().run(own).await.map_err(StoreError::unavailable)
 }
 
 #[async_trait::async_trait]
@@ -576,7 +593,8 @@ mod ops {
     enum Found {
         Inserted,
         Existing(Record),
-        /// [`CLAIM`]: an identical claim's record was purged between its insert and our read of it.
+        /// [`CLAIM`]: an identical claim's record was deleted (released or purged) between its insert
+        /// and our read of it.
         /// [`CLAIM_IN_TX`] under READ COMMITTED: a concurrent insert committed after this
         /// statement's snapshot.
         Nothing,
