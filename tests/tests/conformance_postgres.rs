@@ -7,7 +7,7 @@
 
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
 use idem_runtime::sqlx::{self, ConnectOptions, Row};
-use idem_runtime::store::postgres::{PostgresStore, CLAIM_STATEMENT};
+use idem_runtime::store::postgres::{bind_claim, PostgresStore, CLAIM_STATEMENT};
 use idem_runtime::store::{Claim, ClaimOutcome};
 use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
@@ -92,22 +92,6 @@ fn claim_of<'a>(key: &'a idem_runtime::RecordKey, token: FencingToken) -> Claim<
         expires_at: T0 + Duration::from_secs(3600),
         retain_until: T0 + Duration::from_secs(4 * 3600),
     }
-}
-
-/// `statement` (the claim statement, or it under `EXPLAIN`) with the store's binds for `claim`.
-fn bind_claim<'q>(
-    statement: &'q str,
-    claim: &'q Claim<'q>,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(statement)
-        .bind(&claim.key.scope)
-        .bind(&claim.key.key)
-        .bind(claim.fingerprint.0.as_slice())
-        .bind(claim.token.0)
-        .bind(claim.now.as_millis())
-        .bind(claim.expires_at.as_millis())
-        .bind(claim.retain_until.as_millis())
-        .bind(claim.lease_until.as_millis())
 }
 
 async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey) {

@@ -148,6 +148,26 @@ UNION ALL
 (SELECT * FROM idem.insert_claim($1, $2, $3, $4, $5, $6, $7, $8))
 LIMIT 1";
 
+/// `sql` (the claim statement, its transactional form, or a statement around one of them, such as an
+/// `EXPLAIN`) with a claim's eight binds, in the order those statements number them.
+///
+/// Public, hidden, for the tests that inspect the claim statement; not a stable API.
+#[doc(hidden)]
+pub fn bind_claim<'q>(
+    sql: &'q str,
+    claim: &'q Claim<'q>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(&claim.key.scope)
+        .bind(&claim.key.key)
+        .bind(claim.fingerprint.0.as_slice())
+        .bind(claim.token.0)
+        .bind(claim.now.as_millis())
+        .bind(claim.expires_at.as_millis())
+        .bind(claim.retain_until.as_millis())
+        .bind(claim.lease_until.as_millis())
+}
+
 /// [`CLAIM`] inside a transactional claim's transaction: a fresh insert also gives the transaction
 /// back the session's `lock_timeout` (which the claim ran under idem's, see [`RESTORE_LOCK_TIMEOUT`]),
 /// in the same statement, so the business transaction pays no extra round trip for it. The restoring
@@ -638,15 +658,7 @@ mod ops {
         claim: &Claim<'_>,
         claim_sql: &'static str,
     ) -> Result<Found, StoreError> {
-        let row = sqlx::query(claim_sql)
-            .bind(&claim.key.scope)
-            .bind(&claim.key.key)
-            .bind(claim.fingerprint.0.as_slice())
-            .bind(claim.token.0)
-            .bind(claim.now.as_millis())
-            .bind(claim.expires_at.as_millis())
-            .bind(claim.retain_until.as_millis())
-            .bind(claim.lease_until.as_millis())
+        let row = bind_claim(claim_sql, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(StoreError::unavailable)?;
