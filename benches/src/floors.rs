@@ -233,9 +233,10 @@ impl Floor {
     }
 
     /// PostgreSQL only: a replay through idem's own claim statement (the read, and the insert branch
-    /// PostgreSQL does not execute when the read finds the record), issued directly on the store's pool with the same binds, decoding the same
-    /// columns as [`replay`](Self::replay). Beside the engine, it shows what the framework adds to
-    /// its statement; beside the bare `SELECT`, what the claim-capable statement costs.
+    /// PostgreSQL does not execute when the read finds the record), issued directly on the store's
+    /// pool with the same binds, decoding the same columns as [`replay`](Self::replay). Beside the
+    /// engine, it shows what the framework adds to its statement; beside the bare `SELECT`, what the
+    /// claim-capable statement costs.
     pub(crate) async fn replay_via_claim_statement(&self, key: &str) -> bool {
         let Floor::Postgres(pool) = self else {
             return false;

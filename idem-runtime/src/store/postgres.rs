@@ -48,8 +48,8 @@
 //!   function, like every function by default, is `PARALLEL UNSAFE`, so no parallel plan is made.
 //!   Under a database whose default isolation is REPEATABLE READ or SERIALIZABLE, a claim that meets
 //!   an identical claim's row committed after its snapshot fails with a serialization error (503,
-//!   retryable) instead of re-reading, as the earlier statement did; idem's statements assume the
-//!   default READ COMMITTED.
+//!   retryable) instead of re-reading (the earlier statement failed the same way); idem's
+//!   statements assume the default READ COMMITTED.
 //!   Taking over a dead lease, or replacing a record past retention, is a second, conditional
 //!   `UPDATE … WHERE token = <the token seen> AND <the takeover rule>`: if anyone changed the record
 //!   meanwhile, nothing is written and the claim starts over. Nothing in flight or completed is ever
