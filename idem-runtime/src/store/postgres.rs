@@ -148,8 +148,9 @@ UNION ALL
 (SELECT * FROM idem.insert_claim($1, $2, $3, $4, $5, $6, $7, $8))
 LIMIT 1";
 
-/// `sql` (the claim statement, its transactional form, or a statement around one of them, such as an
-/// `EXPLAIN`) with a claim's eight binds, in the order those statements number them.
+/// `sql` (the claim statement, its transactional form, the replacement of a forgotten record, or a
+/// statement around one of them, such as an `EXPLAIN`) with a claim's eight binds, in the order
+/// those statements number them (`$1` to `$8`; the replacement adds the token it saw as `$9`).
 ///
 /// Public, hidden, for the tests that inspect the claim statement; not a stable API.
 #[doc(hidden)]
@@ -678,15 +679,7 @@ mod ops {
         claim: &Claim<'_>,
         seen: FencingToken,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(REPLACE_FORGOTTEN)
-            .bind(&claim.key.scope)
-            .bind(&claim.key.key)
-            .bind(claim.fingerprint.0.as_slice())
-            .bind(claim.token.0)
-            .bind(claim.now.as_millis())
-            .bind(claim.expires_at.as_millis())
-            .bind(claim.retain_until.as_millis())
-            .bind(claim.lease_until.as_millis())
+        let done = bind_claim(REPLACE_FORGOTTEN, claim)
             .bind(seen.0)
             .execute(&mut *conn)
             .await
