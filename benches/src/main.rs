@@ -6,6 +6,9 @@
 //! `profile <plain|new|replay> <n>` sends `n` in-process requests (for callgrind);
 //! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
 //! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed).
+//! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
+//! statement-replay> [connections] [seconds]` runs one store-level path of the throughput section alone and prints the
+//! CPU per operation of this process and of the store's server processes (from `/proc`).
 //!
 //! Settings: `IDEM_BENCH_SECS` (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (3),
 //! `IDEM_BENCH_SCALE` (records for the large scale point, 1000000), `IDEM_BENCH_RSS_KEYS` (1000000)
@@ -41,6 +44,7 @@ fn main() {
         "serve-payments" => serve_payments(),
         "profile" => profile(&args[1..]),
         "profile-http" => profile_http(&args[1..]),
+        "profile-store" => profile_store(&args[1..]),
         _ => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -184,6 +188,152 @@ fn profile_http(args: &[String]) {
         // noticeable share of the run's CPU, which `perf stat` would otherwise charge to the requests.
         std::process::exit(0);
     });
+}
+
+/// `profile-store <store> <path> [connections] [seconds]`: one store-level path of the throughput
+/// section (idem's engine or the direct floor, new keys or replays; on PostgreSQL also idem's claim
+/// statement issued directly, `statement-replay`) on one store, alone. Prints the
+/// operations done and the CPU each cost in this process and, on Redis and PostgreSQL, in the
+/// server's processes (user + system time from `/proc`): where the time of a path goes, which the
+/// throughput ratio alone does not tell on a machine whose two cores the store shares.
+fn profile_store(args: &[String]) {
+    alloc::stop_counting();
+    let store = args.first().map_or("redis", String::as_str).to_owned();
+    let path = args.get(1).map_or("engine-new", String::as_str).to_owned();
+    let connections = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(16);
+    let secs = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(5);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let handle = match store.as_str() {
+            "memory" => Ok(setup::Handle::Memory(std::sync::Arc::new(
+                idem_runtime::store::memory::MemoryStore::new(),
+            ))),
+            "sqlite" => Ok(setup::Handle::Sqlite(setup::sqlite("profile").await)),
+            "postgres" => setup::postgres(None).await.map(setup::Handle::Postgres),
+            "redis" => setup::redis(None)
+                .await
+                .map(|(s, c)| setup::Handle::Redis(s, c)),
+            other => Err(format!("`{other}` is not a store")),
+        };
+        let handle = handle.unwrap_or_else(|e| {
+            eprintln!("profile-store: {e}");
+            std::process::exit(2);
+        });
+        let engine = idem_runtime::Engine::from_arc(handle.store());
+        let floor = floors::Floor::for_handle(&handle);
+        let replay = |n: u64| format!("r{}", n % 256);
+        for n in 0..256 {
+            assert!(floors::engine_new(&engine, "engine-replay", replay(n)).await);
+            assert!(floor.new_request(&replay(n)).await);
+        }
+        let bounds = load::Bounds {
+            time: std::time::Duration::from_secs(secs),
+            requests: u64::MAX,
+        };
+        let server = match &handle {
+            setup::Handle::Redis(..) => "redis-server",
+            setup::Handle::Postgres(_) => "postgres",
+            _ => "",
+        };
+        let server_before = server_cpu(server);
+        let cpu_before = process_cpu();
+        let s = match path.as_str() {
+            "engine-new" => {
+                load::drive(connections, bounds, move |w, n| {
+                    let e = engine.clone();
+                    async move { floors::engine_new(&e, "profile", format!("{w}-{n}")).await }
+                })
+                .await
+            }
+            "engine-replay" => {
+                load::drive(connections, bounds, move |_, n| {
+                    let e = engine.clone();
+                    async move { floors::engine_replay(&e, "engine-replay", replay(n)).await }
+                })
+                .await
+            }
+            "floor-new" => {
+                load::drive(connections, bounds, move |w, n| {
+                    let f = floor.clone();
+                    async move { f.new_request(&format!("p-{w}-{n}")).await }
+                })
+                .await
+            }
+            "floor-replay" => {
+                load::drive(connections, bounds, move |_, n| {
+                    let f = floor.clone();
+                    async move { f.replay(&replay(n)).await }
+                })
+                .await
+            }
+            "statement-replay" => {
+                load::drive(connections, bounds, move |_, n| {
+                    let f = floor.clone();
+                    async move { f.replay_via_claim_statement(&replay(n)).await }
+                })
+                .await
+            }
+            other => {
+                eprintln!("profile-store: unknown path `{other}`");
+                std::process::exit(2);
+            }
+        };
+        let cpu = process_cpu() - cpu_before;
+        let server_cpu = server_cpu(server) - server_before;
+        let ops = s.ok.max(1) as f64;
+        println!(
+            "{store} {path}: {} operations in {:?} on {connections} connections ({:.0}/s), {} errors; \
+             CPU per operation: this process {:.2} µs{}",
+            s.ok,
+            s.elapsed,
+            s.throughput(),
+            s.errors,
+            cpu * 1e6 / ops,
+            if server_cpu > 0.0 {
+                format!(", {server} processes {:.2} µs", server_cpu * 1e6 / ops)
+            } else {
+                String::new()
+            }
+        );
+        std::process::exit(0);
+    });
+}
+
+/// This process's CPU time so far (user + system), in seconds.
+fn process_cpu() -> f64 {
+    stat_cpu(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
+        .map_or(0.0, |(_, cpu)| cpu)
+}
+
+/// The CPU time so far (user + system, in seconds) of every process named `name` (`redis-server`,
+/// `postgres`: the server and all its backends), from `/proc`. Backends that exit during the run
+/// take their time with them, so this is a lower bound; the pools here keep their connections.
+fn server_cpu(name: &str) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|stat| stat_cpu(&stat))
+        .filter(|(comm, _)| comm == name)
+        .map(|(_, cpu)| cpu)
+        .sum()
+}
+
+/// The command name and the user + system CPU seconds of one `/proc/<pid>/stat` line.
+fn stat_cpu(stat: &str) -> Option<(String, f64)> {
+    // The command name is in parentheses and may hold spaces; utime and stime are the 12th and
+    // 13th fields after it, in clock ticks (100 per second on Linux).
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: f64 = fields.next()?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((comm, (utime + stime) / 100.0))
 }
 
 /// The payments example, in a child process of the bench (for its RSS).
