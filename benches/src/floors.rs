@@ -94,6 +94,46 @@ where
     fp == self::fingerprint().0 && response.status == 201 && !response.body.is_empty()
 }
 
+/// What the Redis floor's completion stores: the fingerprint, then the response as the SQL floors
+/// store it (status, the headers as JSON, the body), with the headers' length so the parts can be
+/// told apart.
+fn redis_value(fp: &[u8; 32], body: &[u8]) -> Vec<u8> {
+    let headers = br#"[["content-type","application/json"]]"#;
+    let mut value = Vec::with_capacity(32 + 2 + 4 + headers.len() + body.len());
+    value.extend_from_slice(fp);
+    value.extend_from_slice(&201u16.to_be_bytes());
+    value.extend_from_slice(&(headers.len() as u32).to_be_bytes());
+    value.extend_from_slice(headers);
+    value.extend_from_slice(body);
+    value
+}
+
+/// [`replayed`] for the Redis floor's value ([`redis_value`]): compare the fingerprint, decode the
+/// status, headers and body.
+fn redis_replayed(value: &[u8]) -> bool {
+    let Some((fp, rest)) = value.split_first_chunk::<32>() else {
+        return false;
+    };
+    let Some((status, rest)) = rest.split_first_chunk::<2>() else {
+        return false;
+    };
+    let Some((len, rest)) = rest.split_first_chunk::<4>() else {
+        return false;
+    };
+    let Some((headers, body)) = rest.split_at_checked(u32::from_be_bytes(*len) as usize) else {
+        return false;
+    };
+    let response = StoredResponse {
+        status: u16::from_be_bytes(*status),
+        headers: std::str::from_utf8(headers)
+            .ok()
+            .and_then(|h| StoredResponse::decode_headers(h).ok())
+            .unwrap_or_default(),
+        body: Bytes::copy_from_slice(body),
+    };
+    *fp == self::fingerprint().0 && response.status == 201 && !response.body.is_empty()
+}
+
 /// The direct path to one backend.
 #[derive(Clone)]
 pub(crate) enum Floor {
@@ -221,7 +261,7 @@ impl Floor {
                 }
                 redis::cmd("SET")
                     .arg(&k)
-                    .arg(&body[..])
+                    .arg(redis_value(&fp, &body))
                     .arg("XX")
                     .arg("PX")
                     .arg(86_400_000)
@@ -296,7 +336,9 @@ impl Floor {
                     .arg(format!("floor:{key}"))
                     .query_async::<Option<Vec<u8>>>(&mut conn)
                     .await
-                    .is_ok_and(|r| r.is_some())
+                    .ok()
+                    .flatten()
+                    .is_some_and(|value| redis_replayed(&value))
             }
         }
     }
