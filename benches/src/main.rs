@@ -7,8 +7,9 @@
 //! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
 //! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed).
 //! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
-//! statement-replay> [connections] [seconds]` runs one store-level path of the throughput section alone and prints the
-//! CPU per operation of this process and of the store's server processes (from `/proc`).
+//! statement-replay> [connections] [seconds]` runs one store-level path of the throughput section
+//! alone and prints the CPU per operation of this process and of the store's server processes (from
+//! `/proc`).
 //!
 //! Settings: `IDEM_BENCH_SECS` (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (3),
 //! `IDEM_BENCH_SCALE` (records for the large scale point, 1000000), `IDEM_BENCH_RSS_KEYS` (1000000)
@@ -192,10 +193,10 @@ fn profile_http(args: &[String]) {
 
 /// `profile-store <store> <path> [connections] [seconds]`: one store-level path of the throughput
 /// section (idem's engine or the direct floor, new keys or replays; on PostgreSQL also idem's claim
-/// statement issued directly, `statement-replay`) on one store, alone. Prints the
-/// operations done and the CPU each cost in this process and, on Redis and PostgreSQL, in the
-/// server's processes (user + system time from `/proc`): where the time of a path goes, which the
-/// throughput ratio alone does not tell on a machine whose two cores the store shares.
+/// statement issued directly, `statement-replay`) on one store, alone. Prints the operations done
+/// and the CPU each cost in this process and, on Redis and PostgreSQL, in the server's processes
+/// (user + system time from `/proc`): where the time of a path goes, which the throughput ratio
+/// alone does not tell on a machine whose two cores the store shares.
 fn profile_store(args: &[String]) {
     alloc::stop_counting();
     let store = args.first().map_or("redis", String::as_str).to_owned();
