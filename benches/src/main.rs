@@ -47,11 +47,7 @@ fn main() {
         "profile-http" => profile_http(&args[1..]),
         "profile-store" => profile_store(&args[1..]),
         _ => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            runtime.block_on(run(section));
+            multi_thread().block_on(run(section));
         }
     }
 }
@@ -144,6 +140,15 @@ fn machine() -> String {
     )
 }
 
+/// The runtime every section but `profile` runs on: tokio's default multi-thread runtime (a worker
+/// per core), with I/O and timers.
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// `profile-http <plain|new|replay> [connections] [seconds]`: one HTTP path on the memory store,
 /// for `perf record` / `perf stat` over the whole process (server and load generator). Prints the
 /// requests served, so that counts can be divided per request.
@@ -152,11 +157,7 @@ fn profile_http(args: &[String]) {
     let path = args.first().map_or("new", String::as_str).to_owned();
     let connections = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(16);
     let secs = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(5);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async move {
+    multi_thread().block_on(async move {
         let engine = idem_runtime::Engine::new(idem_runtime::store::memory::MemoryStore::new());
         let addr = setup::serve(setup::router(engine)).await;
         let (route, keys) = match path.as_str() {
@@ -203,11 +204,7 @@ fn profile_store(args: &[String]) {
     let path = args.get(1).map_or("engine-new", String::as_str).to_owned();
     let connections = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(16);
     let secs = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(5);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async move {
+    multi_thread().block_on(async move {
         let handle = match store.as_str() {
             "memory" => Ok(setup::Handle::Memory(std::sync::Arc::new(
                 idem_runtime::store::memory::MemoryStore::new(),
@@ -340,11 +337,7 @@ fn stat_cpu(stat: &str) -> Option<(String, f64)> {
 /// The payments example, in a child process of the bench (for its RSS).
 fn serve_payments() {
     alloc::stop_counting();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let result = runtime.block_on(async {
+    let result = multi_thread().block_on(async {
         let config = payments::Config::from_env()?;
         payments::serve(config).await
     });
