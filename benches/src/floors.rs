@@ -67,9 +67,23 @@ pub(crate) async fn engine_replay(engine: &Engine, scope: &str, key: String) -> 
     )
 }
 
-/// What a direct replay does with the row it read: compare the fingerprint and decode the response
-/// it would send (status, headers, body: the row's columns `at`), as the engine must. A floor that
-/// only checked that a row exists would not be replaying anything.
+/// The headers every floor stores with its response, as JSON (the SQL stores' column format).
+const HEADERS_JSON: &str = r#"[["content-type","application/json"]]"#;
+
+/// What a direct replay does with the record it read: compare the fingerprint and decode the
+/// response it would send (status, headers, body), as the engine must. A floor that only checked
+/// that a record exists would not be replaying anything.
+fn replays(fp: &[u8], status: u16, headers: &str, body: &[u8]) -> bool {
+    let response = StoredResponse {
+        status,
+        headers: StoredResponse::decode_headers(headers).unwrap_or_default(),
+        body: Bytes::copy_from_slice(body),
+    };
+    fp == self::fingerprint().0 && response.status == 201 && !response.body.is_empty()
+}
+
+/// [`replays`] on a SQL floor's row, whose columns `at` hold the fingerprint, status, headers and
+/// body.
 fn replayed<'r, R: Row>(row: &'r R, at: [usize; 4]) -> bool
 where
     usize: sqlx::ColumnIndex<R>,
@@ -86,19 +100,14 @@ where
     ) else {
         return false;
     };
-    let response = StoredResponse {
-        status: status as u16,
-        headers: StoredResponse::decode_headers(headers).unwrap_or_default(),
-        body: Bytes::copy_from_slice(body),
-    };
-    fp == self::fingerprint().0 && response.status == 201 && !response.body.is_empty()
+    replays(fp, status as u16, headers, body)
 }
 
 /// What the Redis floor's completion stores: the fingerprint, then the response as the SQL floors
 /// store it (status, the headers as JSON, the body), with the headers' length so the parts can be
 /// told apart.
 fn redis_value(fp: &[u8; 32], body: &[u8]) -> Vec<u8> {
-    let headers = br#"[["content-type","application/json"]]"#;
+    let headers = HEADERS_JSON.as_bytes();
     let mut value = Vec::with_capacity(32 + 2 + 4 + headers.len() + body.len());
     value.extend_from_slice(fp);
     value.extend_from_slice(&201u16.to_be_bytes());
@@ -108,8 +117,7 @@ fn redis_value(fp: &[u8; 32], body: &[u8]) -> Vec<u8> {
     value
 }
 
-/// [`replayed`] for the Redis floor's value ([`redis_value`]): compare the fingerprint, decode the
-/// status, headers and body.
+/// [`replays`] on the Redis floor's value ([`redis_value`]).
 fn redis_replayed(value: &[u8]) -> bool {
     let Some((fp, rest)) = value.split_first_chunk::<32>() else {
         return false;
@@ -123,15 +131,8 @@ fn redis_replayed(value: &[u8]) -> bool {
     let Some((headers, body)) = rest.split_at_checked(u32::from_be_bytes(*len) as usize) else {
         return false;
     };
-    let response = StoredResponse {
-        status: u16::from_be_bytes(*status),
-        headers: std::str::from_utf8(headers)
-            .ok()
-            .and_then(|h| StoredResponse::decode_headers(h).ok())
-            .unwrap_or_default(),
-        body: Bytes::copy_from_slice(body),
-    };
-    *fp == self::fingerprint().0 && response.status == 201 && !response.body.is_empty()
+    let headers = std::str::from_utf8(headers).unwrap_or("");
+    replays(fp, u16::from_be_bytes(*status), headers, body)
 }
 
 /// The direct path to one backend.
@@ -212,7 +213,7 @@ impl Floor {
                 )
                 .bind(key)
                 .bind(token)
-                .bind(r#"[["content-type","application/json"]]"#)
+                .bind(HEADERS_JSON)
                 .bind(&body[..])
                 .execute(pool)
                 .await
@@ -239,7 +240,7 @@ impl Floor {
                 )
                 .bind(key)
                 .bind(token)
-                .bind(r#"[["content-type","application/json"]]"#)
+                .bind(HEADERS_JSON)
                 .bind(&body[..])
                 .execute(pool)
                 .await
