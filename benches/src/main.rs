@@ -222,11 +222,8 @@ fn profile_store(args: &[String]) {
         });
         let engine = idem_runtime::Engine::from_arc(handle.store());
         let floor = floors::Floor::for_handle(&handle);
-        let replay = |n: u64| format!("r{}", n % 256);
-        for n in 0..256 {
-            assert!(floors::engine_new(&engine, "engine-replay", replay(n)).await);
-            assert!(floor.new_request(&replay(n)).await);
-        }
+        throughput::seed_replays(&engine, &floor).await;
+        let replay = throughput::replay_key;
         let bounds = load::Bounds {
             time: std::time::Duration::from_secs(secs),
             requests: u64::MAX,

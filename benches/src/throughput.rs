@@ -51,9 +51,8 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 status.is_some_and(|s| s.is_success()),
                 "seeding {backend:?}"
             );
-            assert!(floors::engine_new(&engine, "engine-replay", replay_key(i as u64)).await);
-            assert!(floor.new_request(&replay_key(i as u64)).await);
         }
+        seed_replays(&engine, &floor).await;
         targets.push(Target {
             backend: *backend,
             addr,
@@ -169,8 +168,17 @@ fn put(cells: &mut Cells, name: Option<&'static str>, path: Path, c: usize, s: S
     cells.entry((name, path, c)).or_default().push(s);
 }
 
+/// Completes the keys the store-level replay cells read ([`replay_key`]), through the engine (scope
+/// `engine-replay`) and through the floor.
+pub(crate) async fn seed_replays(engine: &Engine, floor: &Floor) {
+    for i in 0..REPLAY_KEYS as u64 {
+        assert!(floors::engine_new(engine, "engine-replay", replay_key(i)).await);
+        assert!(floor.new_request(&replay_key(i)).await);
+    }
+}
+
 /// The `n`th request's key among the completed keys every replay cell reads.
-fn replay_key(n: u64) -> String {
+pub(crate) fn replay_key(n: u64) -> String {
     format!("r{}", n as usize % REPLAY_KEYS)
 }
 
