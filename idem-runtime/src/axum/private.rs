@@ -68,15 +68,18 @@ pub struct RequestContext {
     pub key: KeyHeader,
 }
 
-/// The request's `Idempotency-Key` header, as found.
+/// The request's `Idempotency-Key` header, read while extracting.
+///
+/// The key is parsed there, into the owned copy the record key needs anyway, so that nothing refers
+/// to the request head (whose header values share the connection's read buffer) after extraction.
 #[derive(Debug, Clone)]
 pub enum KeyHeader {
     /// None.
     Missing,
-    /// Exactly one; not validated yet.
-    One(::axum::http::HeaderValue),
-    /// More than one: the request is refused.
-    Repeated,
+    /// Exactly one, well-formed.
+    Valid(crate::IdempotencyKey),
+    /// Malformed, or sent more than once: the request is refused.
+    Invalid(crate::KeyError),
 }
 
 /// Wraps the handler's last parameter: buffers the body (up to `LIMIT` bytes, else 413), records what

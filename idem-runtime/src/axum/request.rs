@@ -8,6 +8,7 @@
 use super::private::{KeyHeader, RequestContext};
 use super::problem::{Problem, ProblemType};
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, KeyError};
 use ::axum::body::Body;
 use ::axum::extract::OriginalUri;
 use ::axum::http::request::Parts;
@@ -85,8 +86,11 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
     let mut keys = parts.headers.get_all("idempotency-key").iter();
     let key = match (keys.next(), keys.next()) {
         (None, _) => KeyHeader::Missing,
-        (Some(one), None) => KeyHeader::One(one.clone()),
-        (Some(_), Some(_)) => KeyHeader::Repeated,
+        (Some(one), None) => match IdempotencyKey::parse(one.as_bytes()) {
+            Ok(key) => KeyHeader::Valid(key),
+            Err(error) => KeyHeader::Invalid(error),
+        },
+        (Some(_), Some(_)) => KeyHeader::Invalid(KeyError::Repeated),
     };
     RequestContext { fingerprint, key }
 }

@@ -78,7 +78,7 @@ fn keyed(
     request: RequestContext,
 ) -> Keyed {
     let fingerprint = request.fingerprint;
-    match decide_key(engine, policy, &scope, &request.key, fingerprint) {
+    match decide_key(engine, policy, &scope, request.key, fingerprint) {
         Ok(KeyDecision::Given(key)) => Keyed::Key(
             RecordKey::new(scope, key.into_string()),
             fingerprint,
@@ -262,17 +262,14 @@ fn decide_key(
     engine: &Engine,
     policy: &Policy,
     scope: &str,
-    header: &KeyHeader,
+    header: KeyHeader,
     fingerprint: Fingerprint,
 ) -> Result<KeyDecision, Problem> {
-    let raw = match header {
-        KeyHeader::One(one) => one.as_bytes(),
-        KeyHeader::Missing => return missing_key(engine, policy, scope, fingerprint),
-        KeyHeader::Repeated => return Err(malformed(engine, policy, scope, &KeyError::Repeated)),
-    };
-    IdempotencyKey::parse(raw)
-        .map(KeyDecision::Given)
-        .map_err(|e| malformed(engine, policy, scope, &e))
+    match header {
+        KeyHeader::Valid(key) => Ok(KeyDecision::Given(key)),
+        KeyHeader::Missing => missing_key(engine, policy, scope, fingerprint),
+        KeyHeader::Invalid(error) => Err(malformed(engine, policy, scope, &error)),
+    }
 }
 
 fn malformed(engine: &Engine, policy: &Policy, scope: &str, error: &KeyError) -> Problem {
