@@ -16,6 +16,8 @@ pub(crate) struct Counting;
 
 static ON: AtomicBool = AtomicBool::new(true);
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static LIVE_BLOCKS: AtomicIsize = AtomicIsize::new(0);
+static LIVE_CHUNKS: AtomicIsize = AtomicIsize::new(0);
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// Turns counting off for the rest of the process (throughput, latency and the other sections).
@@ -23,9 +25,18 @@ pub(crate) fn stop_counting() {
     ON.store(false, Relaxed);
 }
 
-fn count(bytes: isize, calls: u64) {
+/// The bytes glibc's malloc takes for a request of `size` bytes on 64-bit Linux: the size plus an
+/// 8-byte header, rounded up to 16, at least 32 (what `malloc_usable_size` reflects).
+fn chunk(size: usize) -> isize {
+    ((size + 8).div_ceil(16) * 16).max(32) as isize
+}
+
+/// One allocation of `size` bytes came (`sign` 1) or went (`sign` -1); `calls` allocation calls.
+fn count(size: usize, sign: isize, calls: u64) {
     if ON.load(Relaxed) {
-        LIVE.fetch_add(bytes, Relaxed);
+        LIVE.fetch_add(sign * size as isize, Relaxed);
+        LIVE_BLOCKS.fetch_add(sign, Relaxed);
+        LIVE_CHUNKS.fetch_add(sign * chunk(size), Relaxed);
         CALLS.fetch_add(calls, Relaxed);
     }
 }
@@ -36,7 +47,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: forwarded with the caller's layout.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
-            count(layout.size() as isize, 1);
+            count(layout.size(), 1, 1);
         }
         p
     }
@@ -45,7 +56,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: forwarded with the caller's layout.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
-            count(layout.size() as isize, 1);
+            count(layout.size(), 1, 1);
         }
         p
     }
@@ -53,14 +64,15 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` was allocated by `System` with `layout` (every path above forwards to it).
         unsafe { System.dealloc(ptr, layout) };
-        count(-(layout.size() as isize), 0);
+        count(layout.size(), -1, 0);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`; the caller upholds `realloc`'s contract.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
-            count(new_size as isize - layout.size() as isize, 1);
+            count(layout.size(), -1, 0);
+            count(new_size, 1, 1);
         }
         p
     }
@@ -69,6 +81,16 @@ unsafe impl GlobalAlloc for Counting {
 /// Heap bytes currently allocated (requested sizes, not the allocator's rounding).
 pub(crate) fn live_bytes() -> isize {
     LIVE.load(Relaxed)
+}
+
+/// Allocations currently live.
+pub(crate) fn live_blocks() -> isize {
+    LIVE_BLOCKS.load(Relaxed)
+}
+
+/// Heap bytes currently allocated as glibc's malloc lays them out ([`chunk`]).
+pub(crate) fn live_chunk_bytes() -> isize {
+    LIVE_CHUNKS.load(Relaxed)
 }
 
 /// Allocation calls so far (alloc, alloc_zeroed, realloc).

@@ -17,13 +17,20 @@ const RECORDS: u64 = 100_000;
 
 pub(crate) async fn bytes_per_record() {
     println!("\n## Memory store: bytes per record\n");
-    let before = alloc::live_bytes();
+    let live = || {
+        [
+            alloc::live_bytes(),
+            alloc::live_chunk_bytes(),
+            alloc::live_blocks(),
+        ]
+    };
+    let before = live();
     let engine = Engine::new(MemoryStore::new());
     for i in 0..RECORDS {
         assert!(engine_new(&engine, "user-1", format!("order-{i:08}")).await);
     }
-    let after = alloc::live_bytes();
-    let per = (after - before) as f64 / RECORDS as f64;
+    let after = live();
+    let [per, chunks, blocks] = [0, 1, 2].map(|i| (after[i] - before[i]) as f64 / RECORDS as f64);
     let r = response();
     let payload = "user-1".len()
         + "order-00000000".len()
@@ -32,7 +39,7 @@ pub(crate) async fn bytes_per_record() {
             .iter()
             .map(|(n, v)| n.len() + v.len())
             .sum::<usize>();
-    println!("{RECORDS} completed records (scope `user-1`, 14-byte keys, a 201 with 2 stored headers and a {}-byte body, {payload} bytes of payload per record): **{per:.0} heap bytes per record** (live heap after minus before, requested sizes; the allocator's own rounding is not included).", r.body.len());
+    println!("{RECORDS} completed records (scope `user-1`, 14-byte keys, a 201 with 2 stored headers and a {}-byte body, {payload} bytes of payload per record): **{per:.0} heap bytes per record** (live heap after minus before, requested sizes); **{chunks:.0} bytes** as glibc's malloc lays them out (each allocation plus its 8-byte header, rounded up to 16), in **{blocks:.1} allocations** per record (the table and retention index included, averaged).", r.body.len());
     drop(engine);
 }
 
