@@ -476,23 +476,6 @@ impl ClaimGuard {
         }
     }
 
-    /// [`complete`](Self::complete), giving the response away: the memory store keeps it without
-    /// copying it. The HTTP layer completes this way.
-    pub fn complete_owned(
-        mut self,
-        response: StoredResponse,
-    ) -> impl Future<Output = Result<(), StoreError>> {
-        self.armed = false;
-        async move {
-            let store = self.engine.store_ref();
-            let result = self
-                .engine
-                .call(store.complete_owned(&self.key, self.token, response))
-                .await;
-            self.completed(result)
-        }
-    }
-
     fn completed(&self, result: Result<(), StoreError>) -> Result<(), StoreError> {
         if let Err(e) = &result {
             self.engine.inner.metrics.record(Outcome::CompletionFailed);

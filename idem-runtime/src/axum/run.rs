@@ -356,7 +356,7 @@ where
         let expires_at = claim.expires_at();
         // A failed completion is logged and counted by the engine; the client still gets the fresh
         // response, only without a promise that the key is remembered.
-        if claim.complete_owned(stored).await.is_ok() {
+        if claim.complete(&stored).await.is_ok() {
             respond::set_expires(response.headers_mut(), expires_at);
         }
         response

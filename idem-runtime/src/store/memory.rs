@@ -9,16 +9,24 @@
 //! PostgreSQL or Redis for that.
 //!
 //! # Layout
-//! Records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the key,
-//! once, the record and a sequence number). Keys are client-controlled, so the hash is the standard
-//! library's keyed SipHash, computed once per operation and kept in the bucket for the table's own
-//! resizing. The retention index maps `(retain_until, sequence)` to that hash: eviction finds its
-//! slot by hash and sequence, so the index holds no copy of the key and compares integers only.
+//! Records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the
+//! record, a sequence number and one byte string). Keys are client-controlled, so the hash is the
+//! standard library's keyed SipHash, computed once per operation and kept in the bucket for the
+//! table's own resizing. The retention index maps `(retain_until, sequence)` to that hash: eviction
+//! finds its slot by hash and sequence, so the index holds no copy of the key and compares integers
+//! only.
+//!
+//! A slot's byte string holds the scope and the key and, once the record is completed, the stored
+//! response's headers and body ([`Slot::complete`]): a record is two allocations (slot and bytes)
+//! however many headers it stores, where keeping the key and response as they arrive kept one per
+//! string (nine for a 201 with two headers). Fewer, exactly sized allocations that live for a day
+//! are what keeps the heap of a busy store compact; a replay rebuilds the response from the bytes.
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::sync::{Mutex, MutexGuard};
+use bytes::Bytes;
 use hashbrown::hash_table::{Entry, HashTable};
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -63,8 +71,104 @@ struct Bucket {
 struct Slot {
     /// Tells this record's retention entry from a later record's under the same key.
     seq: u64,
-    key: RecordKey,
+    /// The record; once completed, its response holds the status only (headers and body are in
+    /// `bytes`).
     record: Record,
+    /// The scope, the key, then (once completed) the response's headers and body, see
+    /// [`Slot::complete`]. `Bytes`, so that a replay's body is a view of it, not a copy.
+    bytes: Bytes,
+    /// Where the scope ends and the key begins in `bytes`.
+    scope_end: usize,
+    /// Where the key ends in `bytes`.
+    key_end: usize,
+}
+
+impl Slot {
+    fn new(seq: u64, key: &RecordKey, record: Record) -> Box<Self> {
+        let (scope, name) = (key.scope.as_bytes(), key.key.as_bytes());
+        Box::new(Slot {
+            seq,
+            record,
+            bytes: Bytes::from([scope, name].concat()),
+            scope_end: scope.len(),
+            key_end: scope.len() + name.len(),
+        })
+    }
+
+    fn is(&self, key: &RecordKey) -> bool {
+        self.bytes.get(..self.scope_end) == Some(key.scope.as_bytes())
+            && self.bytes.get(self.scope_end..self.key_end) == Some(key.key.as_bytes())
+    }
+
+    /// Replaces the record, keeping the key and dropping any stored response.
+    fn renew(&mut self, seq: u64, record: Record) {
+        self.seq = seq;
+        self.record = record;
+        self.bytes = Bytes::copy_from_slice(self.bytes.get(..self.key_end).unwrap_or_default());
+    }
+
+    /// Stores `response` after the key, as the header count, each name and value (each after its
+    /// length), then the body, all lengths as 4-byte little-endian integers (a stored header or
+    /// body is far below 4 GiB: bodies are buffered under the endpoint's limit). The record keeps
+    /// the status.
+    fn complete(&mut self, response: &StoredResponse) {
+        let header_bytes: usize = response
+            .headers
+            .iter()
+            .map(|(name, value)| 8 + name.len() + value.len())
+            .sum();
+        let mut bytes = Vec::with_capacity(self.key_end + 4 + header_bytes + response.body.len());
+        bytes.extend_from_slice(self.bytes.get(..self.key_end).unwrap_or_default());
+        let put_len = |bytes: &mut Vec<u8>, len: usize| {
+            bytes.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes())
+        };
+        put_len(&mut bytes, response.headers.len());
+        for (name, value) in &response.headers {
+            put_len(&mut bytes, name.len());
+            bytes.extend_from_slice(name.as_bytes());
+            put_len(&mut bytes, value.len());
+            bytes.extend_from_slice(value.as_bytes());
+        }
+        bytes.extend_from_slice(&response.body);
+        self.bytes = Bytes::from(bytes);
+        self.record.state = RecordState::Completed {
+            response: StoredResponse {
+                status: response.status,
+                headers: Vec::new(),
+                body: Bytes::new(),
+            },
+        };
+    }
+
+    /// The record as stored, its response (if completed) rebuilt from the bytes.
+    fn record(&self) -> Record {
+        let mut record = self.record.clone();
+        if let RecordState::Completed { response } = &mut record.state {
+            let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
+            let count = take_len(&mut rest);
+            response.headers = (0..count)
+                .map(|_| (take_str(&mut rest), take_str(&mut rest)))
+                .collect();
+            response.body = self.bytes.slice_ref(rest);
+        }
+        record
+    }
+}
+
+/// Reads a length written by [`Slot::complete`] off the front of `rest`.
+fn take_len(rest: &mut &[u8]) -> usize {
+    let (len, tail) = rest.split_first_chunk::<4>().unwrap_or((&[0; 4], &[]));
+    *rest = tail;
+    u32::from_le_bytes(*len) as usize
+}
+
+/// Reads a string written by [`Slot::complete`] (its length, then its bytes) off the front of `rest`.
+fn take_str(rest: &mut &[u8]) -> String {
+    let len = take_len(rest).min(rest.len());
+    let (s, tail) = rest.split_at(len);
+    *rest = tail;
+    // Written from a `String`, so valid UTF-8; the lossy fallback only keeps this panic-free.
+    std::str::from_utf8(s).map_or_else(|_| String::from_utf8_lossy(s).into_owned(), str::to_owned)
 }
 
 impl Inner {
@@ -72,18 +176,18 @@ impl Inner {
         self.hasher.hash_one(key)
     }
 
-    fn find(&self, key: &RecordKey) -> Option<&Record> {
+    fn find(&self, key: &RecordKey) -> Option<&Slot> {
         let hash = self.hash(key);
         self.records
-            .find(hash, |b| b.hash == hash && b.slot.key == *key)
-            .map(|b| &b.slot.record)
+            .find(hash, |b| b.hash == hash && b.slot.is(key))
+            .map(|b| &*b.slot)
     }
 
-    fn find_mut(&mut self, key: &RecordKey) -> Option<&mut Record> {
+    fn find_mut(&mut self, key: &RecordKey) -> Option<&mut Slot> {
         let hash = self.hash(key);
         self.records
-            .find_mut(hash, |b| b.hash == hash && b.slot.key == *key)
-            .map(|b| &mut b.slot.record)
+            .find_mut(hash, |b| b.hash == hash && b.slot.is(key))
+            .map(|b| &mut *b.slot)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -95,7 +199,7 @@ impl Inner {
         let hash = self.hash(key);
         if let Ok(entry) = self
             .records
-            .find_entry(hash, |b| b.hash == hash && b.slot.key == *key)
+            .find_entry(hash, |b| b.hash == hash && b.slot.is(key))
         {
             let (Bucket { slot, .. }, _) = entry.remove();
             self.by_retention
@@ -170,26 +274,24 @@ impl Store for MemoryStore {
             ..
         } = &mut *guard;
         let fresh = Record::new_claim(claim);
-        let same_key = |b: &Bucket| b.hash == hash && b.slot.key == *claim.key;
+        let same_key = |b: &Bucket| b.hash == hash && b.slot.is(claim.key);
         let taken_over = match records.entry(hash, same_key, |b| b.hash) {
             Entry::Occupied(mut entry) => {
                 let slot = &mut *entry.get_mut().slot;
-                let record = &mut slot.record;
-                if !record.is_forgotten(claim.now) {
-                    if !record.can_take_over(claim) {
-                        return Ok(ClaimOutcome::Existing(record.clone()));
+                if !slot.record.is_forgotten(claim.now) {
+                    if !slot.record.can_take_over(claim) {
+                        return Ok(ClaimOutcome::Existing(slot.record()));
                     }
-                    record.token = claim.token;
-                    record.state = RecordState::InFlight {
+                    slot.record.token = claim.token;
+                    slot.record.state = RecordState::InFlight {
                         lease_until: claim.lease_until,
                     };
                     true
                 } else {
                     // A record past retention counts as absent: a new record takes its slot.
-                    by_retention.remove(&(record.retain_until, slot.seq));
+                    by_retention.remove(&(slot.record.retain_until, slot.seq));
                     by_retention.insert((fresh.retain_until, seq), hash);
-                    slot.seq = seq;
-                    slot.record = fresh;
+                    slot.renew(seq, fresh);
                     false
                 }
             }
@@ -197,11 +299,7 @@ impl Store for MemoryStore {
                 by_retention.insert((fresh.retain_until, seq), hash);
                 entry.insert(Bucket {
                     hash,
-                    slot: Box::new(Slot {
-                        seq,
-                        key: claim.key.clone(),
-                        record: fresh,
-                    }),
+                    slot: Slot::new(seq, claim.key, fresh),
                 });
                 false
             }
@@ -215,20 +313,14 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        self.complete_owned(key, token, response.clone()).await
-    }
-
-    async fn complete_owned(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: StoredResponse,
-    ) -> Result<(), StoreError> {
         {
             let mut inner = self.lock();
             match inner.find_mut(key) {
-                Some(r) if r.token == token && matches!(r.state, RecordState::InFlight { .. }) => {
-                    r.state = RecordState::Completed { response };
+                Some(slot)
+                    if slot.record.token == token
+                        && matches!(slot.record.state, RecordState::InFlight { .. }) =>
+                {
+                    slot.complete(response);
                 }
                 _ => return Err(StoreError::fenced()),
             }
@@ -240,7 +332,7 @@ impl Store for MemoryStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         {
             let mut inner = self.lock();
-            match inner.find(key) {
+            match inner.find(key).map(|slot| &slot.record) {
                 Some(r) if r.token == token && matches!(r.state, RecordState::InFlight { .. }) => {
                     inner.remove(key);
                 }
@@ -255,8 +347,8 @@ impl Store for MemoryStore {
         Ok(self
             .lock()
             .find(key)
-            .filter(|r| !r.is_forgotten(now))
-            .cloned())
+            .filter(|slot| !slot.record.is_forgotten(now))
+            .map(Slot::record))
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -326,7 +418,7 @@ mod tests {
             body: "done".into(),
         };
         store
-            .complete_owned(&a, FencingToken(4), response.clone())
+            .complete(&a, FencingToken(4), &response)
             .await
             .unwrap();
         assert!(matches!(
@@ -337,5 +429,74 @@ mod tests {
         assert_eq!(fenced.kind(), crate::store::StoreErrorKind::Fenced);
         assert_eq!(store.purge_expired(at(1_000), 10).await.unwrap(), 1);
         assert!(store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_record_packs_and_unpacks_its_key_and_response() {
+        let store = MemoryStore::new();
+        // The same bytes split differently between scope and key are two records.
+        let a = RecordKey::new("ab", "c");
+        let b = RecordKey::new("a", "bc");
+        for key in [&a, &b] {
+            let outcome = store.claim(&claim(key, 1, 0, 100)).await.unwrap();
+            assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        }
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![
+                ("location".into(), "/payments/\u{e9}t\u{e9}".into()),
+                ("x-empty".into(), String::new()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: vec![0, 1, 255, b'{'].into(),
+        };
+        store
+            .complete(&a, FencingToken(1), &response)
+            .await
+            .unwrap();
+        let completed = |r: Option<Record>| match r.map(|r| r.state) {
+            Some(RecordState::Completed { response }) => Some(response),
+            _ => None,
+        };
+        assert_eq!(
+            completed(store.get(&a, at(1)).await.unwrap()),
+            Some(response.clone())
+        );
+        assert_eq!(completed(store.get(&b, at(1)).await.unwrap()), None);
+        // A replay's claim finds the same response.
+        match store.claim(&claim(&a, 2, 1, 100)).await.unwrap() {
+            ClaimOutcome::Existing(record) => {
+                assert_eq!(completed(Some(record)), Some(response.clone()))
+            }
+            other => panic!("expected the completed record, got {other:?}"),
+        }
+        // No headers and no body round-trip too.
+        let bare = StoredResponse {
+            status: 204,
+            headers: Vec::new(),
+            body: Bytes::new(),
+        };
+        store.complete(&b, FencingToken(1), &bare).await.unwrap();
+        assert_eq!(completed(store.get(&b, at(1)).await.unwrap()), Some(bare));
+        // Past retention the slot is renewed in flight: the old response is gone, the key kept.
+        let outcome = store.claim(&claim(&a, 3, 200, 100)).await.unwrap();
+        assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        let renewed = store
+            .get(&a, at(200))
+            .await
+            .unwrap()
+            .expect("renewed record");
+        assert_eq!(renewed.token, FencingToken(3));
+        assert!(matches!(renewed.state, RecordState::InFlight { .. }));
+        let fresh = StoredResponse {
+            status: 200,
+            headers: vec![("location".into(), "/b".into())],
+            body: "second".into(),
+        };
+        store.complete(&a, FencingToken(3), &fresh).await.unwrap();
+        assert_eq!(
+            completed(store.get(&a, at(201)).await.unwrap()),
+            Some(fresh)
+        );
     }
 }

@@ -183,20 +183,6 @@ pub trait Store: Send + Sync + 'static {
         response: &StoredResponse,
     ) -> Result<(), StoreError>;
 
-    /// [`complete`](Self::complete), with the response given away: a store that keeps responses
-    /// as they are (the memory store) moves it in instead of copying it. The default calls
-    /// `complete`, which is right for every store that encodes the response anyway. A store that
-    /// wraps another should forward this call (if it does not, nothing breaks: the response is
-    /// copied once).
-    async fn complete_owned(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.complete(key, token, &response).await
-    }
-
     /// Deletes the record if it is in flight under `token` (the handler failed and a retry should run
     /// it again); otherwise fails with [`StoreErrorKind::Fenced`]. Wakes the key's subscribers.
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
@@ -244,14 +230,6 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         (**self).complete(key, token, response).await
-    }
-    async fn complete_owned(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: StoredResponse,
-    ) -> Result<(), StoreError> {
-        (**self).complete_owned(key, token, response).await
     }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         (**self).release(key, token).await
