@@ -24,6 +24,7 @@
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::sync::{Mutex, MutexGuard};
 use bytes::Bytes;
@@ -71,9 +72,8 @@ struct Bucket {
 struct Slot {
     /// Tells this record's retention entry from a later record's under the same key.
     seq: u64,
-    /// The record; once completed, its response holds the status only (headers and body are in
-    /// `bytes`).
-    record: Record,
+    /// The record but for its stored headers and body, which are in `bytes`.
+    head: Head,
     /// The scope, the key, then (once completed) the response's headers and body, see
     /// [`Slot::complete`]. `Bytes`, so that a replay's body is a view of it, not a copy.
     bytes: Bytes,
@@ -83,12 +83,76 @@ struct Slot {
     key_end: usize,
 }
 
+/// A record as a slot keeps it: a completed one's response reduced to its status.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    fingerprint: Fingerprint,
+    token: FencingToken,
+    created_at: Timestamp,
+    expires_at: Timestamp,
+    retain_until: Timestamp,
+    state: HeadState,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum HeadState {
+    InFlight { lease_until: Timestamp },
+    Completed { status: u16 },
+}
+
+impl Head {
+    /// A fresh in-flight record for `claim`.
+    fn new_claim(claim: &Claim<'_>) -> Self {
+        Head {
+            fingerprint: claim.fingerprint,
+            token: claim.token,
+            created_at: claim.now,
+            expires_at: claim.expires_at,
+            retain_until: claim.retain_until,
+            state: HeadState::InFlight {
+                lease_until: claim.lease_until,
+            },
+        }
+    }
+
+    fn in_flight_under(&self, token: FencingToken) -> bool {
+        self.token == token && matches!(self.state, HeadState::InFlight { .. })
+    }
+
+    /// The record with `headers` and `body` as its response, if completed; the `Record` rules
+    /// (`is_forgotten`, `can_take_over`) are applied to this, so that every store shares them.
+    fn record(&self, headers: Vec<(String, String)>, body: Bytes) -> Record {
+        Record {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            retain_until: self.retain_until,
+            state: match self.state {
+                HeadState::InFlight { lease_until } => RecordState::InFlight { lease_until },
+                HeadState::Completed { status } => RecordState::Completed {
+                    response: StoredResponse {
+                        status,
+                        headers,
+                        body,
+                    },
+                },
+            },
+        }
+    }
+
+    /// The record without its stored headers and body (no allocation), for the rules.
+    fn view(&self) -> Record {
+        self.record(Vec::new(), Bytes::new())
+    }
+}
+
 impl Slot {
-    fn new(seq: u64, key: &RecordKey, record: Record) -> Box<Self> {
+    fn new(seq: u64, key: &RecordKey, head: Head) -> Box<Self> {
         let (scope, name) = (key.scope.as_bytes(), key.key.as_bytes());
         Box::new(Slot {
             seq,
-            record,
+            head,
             bytes: Bytes::from([scope, name].concat()),
             scope_end: scope.len(),
             key_end: scope.len() + name.len(),
@@ -101,15 +165,15 @@ impl Slot {
     }
 
     /// Replaces the record, keeping the key and dropping any stored response.
-    fn renew(&mut self, seq: u64, record: Record) {
+    fn renew(&mut self, seq: u64, head: Head) {
         self.seq = seq;
-        self.record = record;
+        self.head = head;
         self.bytes = Bytes::copy_from_slice(self.bytes.get(..self.key_end).unwrap_or_default());
     }
 
     /// Stores `response` after the key, as the header count, each name and value (each after its
     /// length), then the body, all lengths as 4-byte little-endian integers (a stored header or
-    /// body is far below 4 GiB: bodies are buffered under the endpoint's limit). The record keeps
+    /// body is far below 4 GiB: bodies are buffered under the endpoint's limit). The head keeps
     /// the status.
     fn complete(&mut self, response: &StoredResponse) {
         let header_bytes: usize = response
@@ -131,27 +195,24 @@ impl Slot {
         }
         bytes.extend_from_slice(&response.body);
         self.bytes = Bytes::from(bytes);
-        self.record.state = RecordState::Completed {
-            response: StoredResponse {
-                status: response.status,
-                headers: Vec::new(),
-                body: Bytes::new(),
-            },
+        self.head.state = HeadState::Completed {
+            status: response.status,
         };
     }
 
     /// The record as stored, its response (if completed) rebuilt from the bytes.
     fn record(&self) -> Record {
-        let mut record = self.record.clone();
-        if let RecordState::Completed { response } = &mut record.state {
-            let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
-            let count = take_len(&mut rest);
-            response.headers = (0..count)
-                .map(|_| (take_str(&mut rest), take_str(&mut rest)))
-                .collect();
-            response.body = self.bytes.slice_ref(rest);
+        match self.head.state {
+            HeadState::InFlight { .. } => self.head.view(),
+            HeadState::Completed { .. } => {
+                let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
+                let count = take_len(&mut rest);
+                let headers = (0..count)
+                    .map(|_| (take_str(&mut rest), take_str(&mut rest)))
+                    .collect();
+                self.head.record(headers, self.bytes.slice_ref(rest))
+            }
         }
-        record
     }
 }
 
@@ -203,7 +264,7 @@ impl Inner {
         {
             let (Bucket { slot, .. }, _) = entry.remove();
             self.by_retention
-                .remove(&(slot.record.retain_until, slot.seq));
+                .remove(&(slot.head.retain_until, slot.seq));
         }
     }
 
@@ -273,23 +334,24 @@ impl Store for MemoryStore {
             by_retention,
             ..
         } = &mut *guard;
-        let fresh = Record::new_claim(claim);
+        let fresh = Head::new_claim(claim);
         let same_key = |b: &Bucket| b.hash == hash && b.slot.is(claim.key);
         let taken_over = match records.entry(hash, same_key, |b| b.hash) {
             Entry::Occupied(mut entry) => {
                 let slot = &mut *entry.get_mut().slot;
-                if !slot.record.is_forgotten(claim.now) {
-                    if !slot.record.can_take_over(claim) {
+                let current = slot.head.view();
+                if !current.is_forgotten(claim.now) {
+                    if !current.can_take_over(claim) {
                         return Ok(ClaimOutcome::Existing(slot.record()));
                     }
-                    slot.record.token = claim.token;
-                    slot.record.state = RecordState::InFlight {
+                    slot.head.token = claim.token;
+                    slot.head.state = HeadState::InFlight {
                         lease_until: claim.lease_until,
                     };
                     true
                 } else {
                     // A record past retention counts as absent: a new record takes its slot.
-                    by_retention.remove(&(slot.record.retain_until, slot.seq));
+                    by_retention.remove(&(slot.head.retain_until, slot.seq));
                     by_retention.insert((fresh.retain_until, seq), hash);
                     slot.renew(seq, fresh);
                     false
@@ -316,12 +378,7 @@ impl Store for MemoryStore {
         {
             let mut inner = self.lock();
             match inner.find_mut(key) {
-                Some(slot)
-                    if slot.record.token == token
-                        && matches!(slot.record.state, RecordState::InFlight { .. }) =>
-                {
-                    slot.complete(response);
-                }
+                Some(slot) if slot.head.in_flight_under(token) => slot.complete(response),
                 _ => return Err(StoreError::fenced()),
             }
         }
@@ -332,10 +389,8 @@ impl Store for MemoryStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         {
             let mut inner = self.lock();
-            match inner.find(key).map(|slot| &slot.record) {
-                Some(r) if r.token == token && matches!(r.state, RecordState::InFlight { .. }) => {
-                    inner.remove(key);
-                }
+            match inner.find(key) {
+                Some(slot) if slot.head.in_flight_under(token) => inner.remove(key),
                 _ => return Err(StoreError::fenced()),
             }
         }
@@ -347,7 +402,7 @@ impl Store for MemoryStore {
         Ok(self
             .lock()
             .find(key)
-            .filter(|slot| !slot.record.is_forgotten(now))
+            .filter(|slot| !slot.head.view().is_forgotten(now))
             .map(Slot::record))
     }
 
