@@ -10,17 +10,20 @@
 //!
 //! # Layout
 //! Records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the
-//! record, a sequence number and one byte string). Keys are client-controlled, so the hash is the
+//! record's head, a sequence number and one byte string). Keys are client-controlled, so the hash is the
 //! standard library's keyed SipHash, computed once per operation and kept in the bucket for the
 //! table's own resizing. The retention index maps `(retain_until, sequence)` to that hash: eviction
 //! finds its slot by hash and sequence, so the index holds no copy of the key and compares integers
 //! only.
 //!
 //! A slot's byte string holds the scope and the key and, once the record is completed, the stored
-//! response's headers and body ([`Slot::complete`]): a record is two allocations (slot and bytes)
+//! response's headers and body (`Slot::complete`): a record is two allocations (slot and bytes)
 //! however many headers it stores, where keeping the key and response as they arrive kept one per
 //! string (nine for a 201 with two headers). Fewer, exactly sized allocations that live for a day
 //! are what keeps the heap of a busy store compact; a replay rebuilds the response from the bytes.
+//! The head is the record without the response's headers and body; the rules every store shares
+//! ([`Record::is_forgotten`], [`Record::can_take_over`]) run on a `Record` built from it, which
+//! allocates nothing.
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
