@@ -17,10 +17,11 @@
 //! only.
 //!
 //! A slot's byte string holds the scope and the key and, once the record is completed, the stored
-//! response's headers and body (`Slot::complete`): a record is two allocations (slot and bytes)
-//! however many headers it stores, where keeping the key and response as they arrive kept one per
-//! string (nine for a 201 with two headers). Fewer, exactly sized allocations that live for a day
-//! are what keeps the heap of a busy store compact; a replay rebuilds the response from the bytes.
+//! response's headers and body (`pack`): a record is two allocations (slot and bytes) however many
+//! headers it stores, where keeping the key and response as they arrive kept one per string (nine
+//! for a 201 with two headers). Fewer, exactly sized allocations that live for a day are what keeps
+//! the heap of a busy store compact. A replay rebuilds the header strings and shares the body; the
+//! first replay of a record with a body adds the 24-byte header through which `Bytes` shares it.
 //! The head is the record without the response's headers and body; the rules every store shares
 //! ([`Record::is_forgotten`], [`Record::can_take_over`]) run on a `Record` built from it, which
 //! allocates nothing.
@@ -78,7 +79,7 @@ struct Slot {
     /// The record but for its stored headers and body, which are in `bytes`.
     head: Head,
     /// The scope, the key, then (once completed) the response's headers and body, see
-    /// [`Slot::complete`]. `Bytes`, so that a replay's body is a view of it, not a copy.
+    /// [`pack`]. `Bytes`, so that a replay's body is a view of it, not a copy.
     bytes: Bytes,
     /// Where the scope ends and the key begins in `bytes`.
     scope_end: usize,
@@ -150,15 +151,48 @@ impl Head {
     }
 }
 
+/// A slot's byte string: the scope and the key, then, for a completed record, the header count,
+/// each name and value (each after its length), then the body, all lengths as 4-byte little-endian
+/// integers (a stored header is far below 4 GiB: it comes from a response's head, and bodies are
+/// buffered under the endpoint's limit). Exactly sized: `Bytes::from` a full vector allocates
+/// nothing more.
+fn pack(key: &RecordKey, response: Option<&StoredResponse>) -> Bytes {
+    let (scope, name) = (key.scope.as_bytes(), key.key.as_bytes());
+    let Some(response) = response else {
+        return Bytes::from([scope, name].concat());
+    };
+    let header_bytes: usize = response
+        .headers
+        .iter()
+        .map(|(name, value)| 8 + name.len() + value.len())
+        .sum();
+    let len = scope.len() + name.len() + 4 + header_bytes + response.body.len();
+    let mut bytes = Vec::with_capacity(len);
+    bytes.extend_from_slice(scope);
+    bytes.extend_from_slice(name);
+    let put_len = |bytes: &mut Vec<u8>, len: usize| {
+        bytes.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes())
+    };
+    put_len(&mut bytes, response.headers.len());
+    for (name, value) in &response.headers {
+        put_len(&mut bytes, name.len());
+        bytes.extend_from_slice(name.as_bytes());
+        put_len(&mut bytes, value.len());
+        bytes.extend_from_slice(value.as_bytes());
+    }
+    bytes.extend_from_slice(&response.body);
+    debug_assert_eq!(bytes.len(), len, "the capacity is the packed length");
+    Bytes::from(bytes)
+}
+
 impl Slot {
     fn new(seq: u64, key: &RecordKey, head: Head) -> Box<Self> {
-        let (scope, name) = (key.scope.as_bytes(), key.key.as_bytes());
         Box::new(Slot {
             seq,
             head,
-            bytes: Bytes::from([scope, name].concat()),
-            scope_end: scope.len(),
-            key_end: scope.len() + name.len(),
+            bytes: pack(key, None),
+            scope_end: key.scope.len(),
+            key_end: key.scope.len() + key.key.len(),
         })
     }
 
@@ -171,36 +205,16 @@ impl Slot {
     fn renew(&mut self, seq: u64, head: Head) {
         self.seq = seq;
         self.head = head;
-        self.bytes = Bytes::copy_from_slice(self.bytes.get(..self.key_end).unwrap_or_default());
+        if self.bytes.len() > self.key_end {
+            self.bytes = Bytes::copy_from_slice(self.bytes.get(..self.key_end).unwrap_or_default());
+        }
     }
 
-    /// Stores `response` after the key, as the header count, each name and value (each after its
-    /// length), then the body, all lengths as 4-byte little-endian integers (a stored header or
-    /// body is far below 4 GiB: bodies are buffered under the endpoint's limit). The head keeps
-    /// the status.
-    fn complete(&mut self, response: &StoredResponse) {
-        let header_bytes: usize = response
-            .headers
-            .iter()
-            .map(|(name, value)| 8 + name.len() + value.len())
-            .sum();
-        let mut bytes = Vec::with_capacity(self.key_end + 4 + header_bytes + response.body.len());
-        bytes.extend_from_slice(self.bytes.get(..self.key_end).unwrap_or_default());
-        let put_len = |bytes: &mut Vec<u8>, len: usize| {
-            bytes.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes())
-        };
-        put_len(&mut bytes, response.headers.len());
-        for (name, value) in &response.headers {
-            put_len(&mut bytes, name.len());
-            bytes.extend_from_slice(name.as_bytes());
-            put_len(&mut bytes, value.len());
-            bytes.extend_from_slice(value.as_bytes());
-        }
-        bytes.extend_from_slice(&response.body);
-        self.bytes = Bytes::from(bytes);
-        self.head.state = HeadState::Completed {
-            status: response.status,
-        };
+    /// Completes the record with `bytes`, packed by [`pack`] for this slot's key, and `status`;
+    /// returns the bytes it held, to be dropped once the store's lock is released.
+    fn complete(&mut self, bytes: Bytes, status: u16) -> Bytes {
+        self.head.state = HeadState::Completed { status };
+        std::mem::replace(&mut self.bytes, bytes)
     }
 
     /// The record as stored, its response (if completed) rebuilt from the bytes.
@@ -219,14 +233,14 @@ impl Slot {
     }
 }
 
-/// Reads a length written by [`Slot::complete`] off the front of `rest`.
+/// Reads a length written by [`pack`] off the front of `rest`.
 fn take_len(rest: &mut &[u8]) -> usize {
     let (len, tail) = rest.split_first_chunk::<4>().unwrap_or((&[0; 4], &[]));
     *rest = tail;
     u32::from_le_bytes(*len) as usize
 }
 
-/// Reads a string written by [`Slot::complete`] (its length, then its bytes) off the front of `rest`.
+/// Reads a string written by [`pack`] (its length, then its bytes) off the front of `rest`.
 fn take_str(rest: &mut &[u8]) -> String {
     let len = take_len(rest).min(rest.len());
     let (s, tail) = rest.split_at(len);
@@ -317,10 +331,10 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a half-written record: a record is written by
-        // one assignment or one table insert, and the only thing between a table change and its
-        // retention-index change is allocation, which aborts rather than panics. So the data is
-        // consistent and the poison can be ignored.
+        // A panic while holding the lock cannot leave a half-written record: nothing that can panic
+        // runs between the writes to one slot, or between a table change and its retention-index
+        // change (only allocation, which aborts rather than panics). So the data is consistent and
+        // the poison can be ignored.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -378,13 +392,18 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        {
+        // Packed (and the old bytes dropped) outside the lock: the body may be tens of KiB.
+        let packed = pack(key, Some(response));
+        let replaced = {
             let mut inner = self.lock();
             match inner.find_mut(key) {
-                Some(slot) if slot.head.in_flight_under(token) => slot.complete(response),
+                Some(slot) if slot.head.in_flight_under(token) => {
+                    slot.complete(packed, response.status)
+                }
                 _ => return Err(StoreError::fenced()),
             }
-        }
+        };
+        drop(replaced);
         self.waiters.notify(key);
         Ok(())
     }
@@ -492,9 +511,18 @@ mod tests {
     #[tokio::test]
     async fn a_record_packs_and_unpacks_its_key_and_response() {
         let store = MemoryStore::new();
-        // The same bytes split differently between scope and key are two records.
+        // The same bytes split differently between scope and key are two records. (Their hashes
+        // differ too, so the slots' own comparison is checked directly.)
         let a = RecordKey::new("ab", "c");
         let b = RecordKey::new("a", "bc");
+        let slot = Slot::new(0, &a, Head::new_claim(&claim(&a, 1, 0, 100)));
+        assert!(slot.is(&a) && !slot.is(&b));
+        // Eight records whose retention ends first, so that a later claim's eviction (at most
+        // EVICT_PER_CLAIM) stops before `a` and the claim finds `a` forgotten, in its slot.
+        for i in 0..EVICT_PER_CLAIM {
+            let filler = RecordKey::new("fill", format!("{i}"));
+            store.claim(&claim(&filler, 9, 0, 50)).await.unwrap();
+        }
         for key in [&a, &b] {
             let outcome = store.claim(&claim(key, 1, 0, 100)).await.unwrap();
             assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
@@ -539,6 +567,16 @@ mod tests {
         // Past retention the slot is renewed in flight: the old response is gone, the key kept.
         let outcome = store.claim(&claim(&a, 3, 200, 100)).await.unwrap();
         assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        {
+            let inner = store.lock();
+            let slot = inner.find(&a).expect("a's slot");
+            assert_eq!(
+                slot.seq,
+                2 + EVICT_PER_CLAIM as u64 + 2,
+                "renewed, not inserted anew"
+            );
+            assert_eq!(&slot.bytes[..], b"abc", "the old response's bytes are gone");
+        }
         let renewed = store
             .get(&a, at(200))
             .await
