@@ -105,16 +105,21 @@ enum HeadState {
 }
 
 impl Head {
-    /// A fresh in-flight record for `claim`.
-    fn new_claim(claim: &Claim<'_>) -> Self {
+    /// `record`'s head: the inverse of [`Head::record`] but for the response's headers and body.
+    fn of(record: &Record) -> Self {
         Head {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            created_at: claim.now,
-            expires_at: claim.expires_at,
-            retain_until: claim.retain_until,
-            state: HeadState::InFlight {
-                lease_until: claim.lease_until,
+            fingerprint: record.fingerprint,
+            token: record.token,
+            created_at: record.created_at,
+            expires_at: record.expires_at,
+            retain_until: record.retain_until,
+            state: match &record.state {
+                RecordState::InFlight { lease_until } => HeadState::InFlight {
+                    lease_until: *lease_until,
+                },
+                RecordState::Completed { response } => HeadState::Completed {
+                    status: response.status,
+                },
             },
         }
     }
@@ -351,7 +356,7 @@ impl Store for MemoryStore {
             by_retention,
             ..
         } = &mut *guard;
-        let fresh = Head::new_claim(claim);
+        let fresh = Head::of(&Record::new_claim(claim));
         let same_key = |b: &Bucket| b.hash == hash && b.slot.is(claim.key);
         let taken_over = match records.entry(hash, same_key, |b| b.hash) {
             Entry::Occupied(mut entry) => {
@@ -515,7 +520,7 @@ mod tests {
         // differ too, so the slots' own comparison is checked directly.)
         let a = RecordKey::new("ab", "c");
         let b = RecordKey::new("a", "bc");
-        let slot = Slot::new(0, &a, Head::new_claim(&claim(&a, 1, 0, 100)));
+        let slot = Slot::new(0, &a, Head::of(&Record::new_claim(&claim(&a, 1, 0, 100))));
         assert!(slot.is(&a) && !slot.is(&b));
         // Eight records whose retention ends first, so that a later claim's eviction (at most
         // EVICT_PER_CLAIM) stops before `a` and the claim finds `a` forgotten, in its slot.
