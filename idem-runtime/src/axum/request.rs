@@ -12,6 +12,7 @@ use crate::key::{IdempotencyKey, KeyError};
 use ::axum::body::Body;
 use ::axum::extract::OriginalUri;
 use ::axum::http::request::Parts;
+use ::axum::http::HeaderName;
 use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -64,6 +65,10 @@ async fn collect(
     Ok(joined.map_or(first, BytesMut::freeze))
 }
 
+/// The key's header, as a name: looking a header up by a `&str` parses and validates the name on
+/// every request.
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
 /// What the engine needs from the request: its fingerprint and its key header.
 ///
 /// The path is the one the client sent (before any `Router::nest` stripped a prefix), so that two
@@ -83,7 +88,7 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
             .and_then(|v| v.to_str().ok()),
         body,
     );
-    let mut keys = parts.headers.get_all("idempotency-key").iter();
+    let mut keys = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
     let key = match (keys.next(), keys.next()) {
         (None, _) => KeyHeader::Missing,
         (Some(one), None) => match IdempotencyKey::parse(one.as_bytes()) {

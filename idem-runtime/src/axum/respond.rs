@@ -89,16 +89,14 @@ pub(crate) fn capture(
     let mut body = body;
     async move {
         let cap = policy.max_stored_body;
-        let mut chunks: Vec<Bytes> = Vec::new();
-        let mut len = 0usize;
+        let mut chunks = Chunks::default();
         let ending = loop {
             match body.frame().await {
                 None => break Ending::Complete,
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        len = len.saturating_add(data.len());
                         chunks.push(data);
-                        if len > cap {
+                        if chunks.len > cap {
                             break Ending::Overflow;
                         }
                     }
@@ -108,7 +106,7 @@ pub(crate) fn capture(
         };
         match ending {
             Ending::Complete => {
-                let bytes = concat(chunks, len);
+                let bytes = chunks.concat();
                 let stored = match policy.replay {
                     ReplayMode::Full => full(&parts, bytes.clone(), policy),
                     ReplayMode::Minimal => minimal(&parts, Some(&bytes)),
@@ -119,19 +117,14 @@ pub(crate) fn capture(
                 tracing::debug!(target: "idem", handler = policy.handler, cap,
                     "response body over max_stored_body; storing status and Location only");
                 let stored = minimal(&parts, None);
-                let rest = stream::iter(chunks.into_iter().map(Ok)).chain(body.into_data_stream());
+                let rest = stream::iter(chunks.frames().map(Ok)).chain(body.into_data_stream());
                 (stored, Response::from_parts(parts, Body::from_stream(rest)))
             }
             Ending::Failed(error) => {
                 tracing::warn!(target: "idem", handler = policy.handler, %error,
                     "response body failed while streaming; storing status and Location only");
                 let stored = minimal(&parts, None);
-                let sent = stream::iter(
-                    chunks
-                        .into_iter()
-                        .map(Ok)
-                        .chain(std::iter::once(Err(error))),
-                );
+                let sent = stream::iter(chunks.frames().map(Ok).chain(std::iter::once(Err(error))));
                 (stored, Response::from_parts(parts, Body::from_stream(sent)))
             }
         }
@@ -144,15 +137,43 @@ enum Ending {
     Failed(::axum::Error),
 }
 
-fn concat(chunks: Vec<Bytes>, len: usize) -> Bytes {
-    match <[Bytes; 1]>::try_from(chunks) {
-        Ok([single]) => single,
-        Err(chunks) => {
-            let mut buf = BytesMut::with_capacity(len);
-            for chunk in chunks {
-                buf.extend_from_slice(&chunk);
+/// A response body's data frames as read. Most bodies arrive in one frame (axum's `Json`, any
+/// `Bytes` or `String` body), which is kept without a list: the list, and a copy, only for more.
+#[derive(Default)]
+struct Chunks {
+    first: Option<Bytes>,
+    rest: Vec<Bytes>,
+    /// The bytes in all frames (saturating: compared with the cap, never allocated).
+    len: usize,
+}
+
+impl Chunks {
+    fn push(&mut self, data: Bytes) {
+        self.len = self.len.saturating_add(data.len());
+        match self.first {
+            None => self.first = Some(data),
+            Some(_) => self.rest.push(data),
+        }
+    }
+
+    /// The frames in order, to send on when the body is not stored whole.
+    fn frames(self) -> impl Iterator<Item = Bytes> {
+        self.first.into_iter().chain(self.rest)
+    }
+
+    /// The body, joined.
+    fn concat(self) -> Bytes {
+        match self.first {
+            None => Bytes::new(),
+            Some(single) if self.rest.is_empty() => single,
+            Some(first) => {
+                let mut buf = BytesMut::with_capacity(self.len);
+                buf.extend_from_slice(&first);
+                for chunk in &self.rest {
+                    buf.extend_from_slice(chunk);
+                }
+                buf.freeze()
             }
-            buf.freeze()
         }
     }
 }
@@ -239,6 +260,43 @@ pub(crate) fn replay(stored: StoredResponse, expires_at: Timestamp) -> Response 
 mod tests {
     use super::*;
     use ::axum::http::header::{CONTENT_TYPE, SET_COOKIE};
+
+    #[tokio::test]
+    async fn a_body_in_several_frames_is_stored_and_sent_whole_and_one_frame_is_not_copied() {
+        let policy = Policy::default();
+        let frames: Vec<Result<Bytes, std::io::Error>> = ["{\"id\":", "", "7}"]
+            .into_iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        let streamed = Response::new(Body::from_stream(stream::iter(frames)));
+        let (stored, sent) = capture(streamed, &policy).await;
+        assert_eq!(&stored.body[..], b"{\"id\":7}");
+        let sent = sent
+            .into_body()
+            .collect()
+            .await
+            .expect("sent body")
+            .to_bytes();
+        assert_eq!(sent, stored.body);
+
+        let one = Bytes::from_static(b"{\"id\":8}");
+        let (stored, _) = capture(Response::new(Body::from(one.clone())), &policy).await;
+        assert_eq!(
+            stored.body.as_ptr(),
+            one.as_ptr(),
+            "a single frame is kept, not copied"
+        );
+
+        let (stored, sent) = capture(Response::new(Body::empty()), &policy).await;
+        assert!(stored.body.is_empty());
+        assert!(sent
+            .into_body()
+            .collect()
+            .await
+            .expect("empty")
+            .to_bytes()
+            .is_empty());
+    }
 
     fn response(body: &'static str) -> Response {
         let mut response = Response::new(Body::from(body));
