@@ -4,17 +4,17 @@
 //! The mutex comes from `crate::sync`, so `tests/loom.rs` checks claim, complete and release under
 //! every interleaving.
 //! Memory stays bounded by the live records: each claim evicts a few records past retention (oldest
-//! first, through an index ordered by `retain_until`), and [`Purge`] evicts in batches.
+//! first, through the [`retention`] index), and [`Purge`] evicts in batches.
 //! Nothing survives a restart, and a second process never sees these records: use SQLite,
 //! PostgreSQL or Redis for that.
 //!
 //! # Layout
 //! Records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the
 //! record's head, a sequence number and one byte string). Keys are client-controlled, so the hash is the
-//! standard library's keyed SipHash, computed once per operation and kept in the bucket for the
-//! table's own resizing. The retention index maps `(retain_until, sequence)` to that hash: eviction
-//! finds its slot by hash and sequence, so the index holds no copy of the key and compares integers
-//! only.
+//! standard library's keyed SipHash, computed once per operation (before the lock is taken) and kept
+//! in the bucket for the table's own resizing. The retention index holds `retain_until`, the
+//! sequence number and that hash: eviction finds its slot by hash and sequence, so the index holds no
+//! copy of the key and compares integers only.
 //!
 //! A slot's byte string holds the scope and the key and, once the record is completed, the stored
 //! response's headers and body (`pack`): a record is two allocations (slot and bytes) however many
@@ -33,10 +33,12 @@ use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse
 use crate::sync::{Mutex, MutexGuard};
 use bytes::Bytes;
 use hashbrown::hash_table::{Entry, HashTable};
+use retention::{Due, Retention};
 use std::collections::hash_map::RandomState;
-use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::PoisonError;
+
+mod retention;
 
 /// How many records past retention one claim evicts at most (keeps each critical section short).
 const EVICT_PER_CLAIM: usize = 8;
@@ -51,16 +53,16 @@ const EVICT_PER_CLAIM: usize = 8;
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// Outside the lock: hashing a key needs no other state.
+    hasher: RandomState,
     waiters: Waiters,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     records: HashTable<Bucket>,
-    /// `(retain_until, seq)` → the hash of the slot with that `seq`.
-    by_retention: BTreeMap<(Timestamp, u64), u64>,
+    retention: Retention,
     next_seq: u64,
-    hasher: RandomState,
 }
 
 /// What the table holds: the key's hash and the boxed slot. Sixteen bytes, so that growing a table
@@ -255,19 +257,13 @@ fn take_str(rest: &mut &[u8]) -> String {
 }
 
 impl Inner {
-    fn hash(&self, key: &RecordKey) -> u64 {
-        self.hasher.hash_one(key)
-    }
-
-    fn find(&self, key: &RecordKey) -> Option<&Slot> {
-        let hash = self.hash(key);
+    fn find(&self, hash: u64, key: &RecordKey) -> Option<&Slot> {
         self.records
             .find(hash, |b| b.hash == hash && b.slot.is(key))
             .map(|b| &*b.slot)
     }
 
-    fn find_mut(&mut self, key: &RecordKey) -> Option<&mut Slot> {
-        let hash = self.hash(key);
+    fn find_mut(&mut self, hash: u64, key: &RecordKey) -> Option<&mut Slot> {
         self.records
             .find_mut(hash, |b| b.hash == hash && b.slot.is(key))
             .map(|b| &mut *b.slot)
@@ -278,36 +274,35 @@ impl Inner {
         self.next_seq
     }
 
-    fn remove(&mut self, key: &RecordKey) {
-        let hash = self.hash(key);
+    /// Removes the record; its retention entry is left to eviction, which skips it.
+    fn remove(&mut self, hash: u64, key: &RecordKey) {
         if let Ok(entry) = self
             .records
             .find_entry(hash, |b| b.hash == hash && b.slot.is(key))
         {
-            let (Bucket { slot, .. }, _) = entry.remove();
-            self.by_retention
-                .remove(&(slot.head.retain_until, slot.seq));
+            entry.remove();
         }
     }
 
+    /// Removes up to `limit` records whose retention ended at or before `now`, oldest first, and
+    /// returns how many. Entries of records already removed or renewed are skipped; at most
+    /// `2 * limit` entries are looked at, which bounds the time the lock is held.
     fn evict(&mut self, now: Timestamp, limit: usize) -> u64 {
         let mut evicted = 0;
-        while evicted < limit {
-            let Some(entry) = self.by_retention.first_entry() else {
-                break;
-            };
-            let &(retain_until, seq) = entry.key();
-            if retain_until > now {
+        for _ in 0..limit.saturating_mul(2) {
+            if evicted == limit {
                 break;
             }
-            let hash = entry.remove();
+            let Some(Due { seq, hash, .. }) = self.retention.pop_due(now) else {
+                break;
+            };
             if let Ok(bucket) = self
                 .records
                 .find_entry(hash, |b| b.hash == hash && b.slot.seq == seq)
             {
                 bucket.remove();
+                evicted += 1;
             }
-            evicted += 1;
         }
         evicted as u64
     }
@@ -335,6 +330,10 @@ impl MemoryStore {
         self.waiters.waiting_keys()
     }
 
+    fn hash(&self, key: &RecordKey) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-written record: nothing that can panic
         // runs between the writes to one slot, or between a table change and its retention-index
@@ -347,16 +346,19 @@ impl MemoryStore {
 #[async_trait::async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let hash = self.hash(claim.key);
+        let fresh = Head::of(&Record::new_claim(claim));
         let mut guard = self.lock();
         guard.evict(claim.now, EVICT_PER_CLAIM);
-        let hash = guard.hash(claim.key);
         let seq = guard.next_seq();
         let Inner {
-            records,
-            by_retention,
-            ..
+            records, retention, ..
         } = &mut *guard;
-        let fresh = Head::of(&Record::new_claim(claim));
+        let due = Due {
+            retain_until: fresh.retain_until,
+            seq,
+            hash,
+        };
         let same_key = |b: &Bucket| b.hash == hash && b.slot.is(claim.key);
         let taken_over = match records.entry(hash, same_key, |b| b.hash) {
             Entry::Occupied(mut entry) => {
@@ -372,15 +374,15 @@ impl Store for MemoryStore {
                     };
                     true
                 } else {
-                    // A record past retention counts as absent: a new record takes its slot.
-                    by_retention.remove(&(slot.head.retain_until, slot.seq));
-                    by_retention.insert((fresh.retain_until, seq), hash);
+                    // A record past retention counts as absent: a new record takes its slot (and
+                    // the old entry in the retention index no longer matches its sequence number).
+                    retention.push(claim.now, due);
                     slot.renew(seq, fresh);
                     false
                 }
             }
             Entry::Vacant(entry) => {
-                by_retention.insert((fresh.retain_until, seq), hash);
+                retention.push(claim.now, due);
                 entry.insert(Bucket {
                     hash,
                     slot: Slot::new(seq, claim.key, fresh),
@@ -399,9 +401,10 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         // Packed (and the old bytes dropped) outside the lock: the body may be tens of KiB.
         let packed = pack(key, Some(response));
+        let hash = self.hash(key);
         let replaced = {
             let mut inner = self.lock();
-            match inner.find_mut(key) {
+            match inner.find_mut(hash, key) {
                 Some(slot) if slot.head.in_flight_under(token) => {
                     slot.complete(packed, response.status)
                 }
@@ -414,10 +417,11 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let hash = self.hash(key);
         {
             let mut inner = self.lock();
-            match inner.find(key) {
-                Some(slot) if slot.head.in_flight_under(token) => inner.remove(key),
+            match inner.find(hash, key) {
+                Some(slot) if slot.head.in_flight_under(token) => inner.remove(hash, key),
                 _ => return Err(StoreError::fenced()),
             }
         }
@@ -426,9 +430,10 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+        let hash = self.hash(key);
         Ok(self
             .lock()
-            .find(key)
+            .find(hash, key)
             .filter(|slot| !slot.head.view().is_forgotten(now))
             .map(Slot::record))
     }
@@ -440,6 +445,8 @@ impl Store for MemoryStore {
 
 #[async_trait::async_trait]
 impl Purge for MemoryStore {
+    /// Looks at up to `2 * batch` retention entries: a batch that meets many entries of released or
+    /// renewed records returns fewer than `batch` records, and the sweeper's next run goes on.
     async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
         Ok(self.lock().evict(now, batch))
     }
@@ -574,11 +581,11 @@ mod tests {
         assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
         {
             let inner = store.lock();
-            let slot = inner.find(&a).expect("a's slot");
+            let slot = inner.find(store.hash(&a), &a).expect("a's slot");
             assert_eq!(&slot.bytes[..], b"abc", "the old response's bytes are gone");
             // `b`, evicted after `a` (same retention, later sequence), is still there: the
             // eviction stopped before `a`, so `a` was renewed in its slot, not inserted anew.
-            assert!(inner.find(&b).is_some());
+            assert!(inner.find(store.hash(&b), &b).is_some());
             assert_eq!(inner.records.len(), 2);
         }
         let renewed = store
