@@ -1,15 +1,17 @@
 //! The in-memory store: for tests and single-process services.
 //!
-//! Every operation is one critical section under one mutex, which makes the claim trivially atomic.
-//! The mutex comes from `crate::sync`, so `tests/loom.rs` checks claim, complete and release under
-//! every interleaving.
-//! Memory stays bounded by the live records: each claim evicts a few records past retention (oldest
-//! first, through the [`retention`] index), and [`Purge`] evicts in batches.
+//! The records are split by key hash into sixteen shards (`SHARDS`), each a table under its own
+//! mutex. Every operation on a key is one critical section under its shard's mutex, which makes the
+//! claim trivially atomic. The mutexes come from `crate::sync`, so `tests/loom.rs` checks claim, complete
+//! and release under every interleaving.
+//! Memory stays bounded by the live records: each claim evicts a few records past retention from its
+//! shard (oldest first, through the shard's `retention` index), and [`Purge`] evicts in batches,
+//! shard after shard.
 //! Nothing survives a restart, and a second process never sees these records: use SQLite,
 //! PostgreSQL or Redis for that.
 //!
 //! # Layout
-//! Records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the
+//! A shard's records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the
 //! record's head, a sequence number and one byte string). Keys are client-controlled, so the hash is the
 //! standard library's keyed SipHash, computed once per operation (before the lock is taken) and kept
 //! in the bucket for the table's own resizing. The retention index holds `retain_until`, the
@@ -50,12 +52,34 @@ const EVICT_PER_CLAIM: usize = 8;
 /// let engine = Engine::new(MemoryStore::new());
 /// # let _ = engine;
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
-    inner: Mutex<Inner>,
-    /// Outside the lock: hashing a key needs no other state.
+    /// The records, split by key hash (see [`SHARDS`]).
+    shards: Box<[Shard]>,
+    /// Outside the locks: hashing a key needs no other state, and the hash picks the shard.
     hasher: RandomState,
     waiters: Waiters,
+}
+
+/// How many independently locked parts the records are split into. A claim and its completion
+/// touch one shard's lock and table header; with one lock for all records, the cache lines of that
+/// lock and header moved between the cores on nearly every operation, and a completion found them
+/// on the other core after the handler ran. Fewer under loom, whose models explore every lock.
+#[cfg(not(loom))]
+const SHARDS: usize = 16;
+#[cfg(loom)]
+const SHARDS: usize = 2;
+
+/// One shard, on cache lines of its own (128 bytes: the adjacent-line prefetcher pairs 64-byte
+/// lines).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard(Mutex<Inner>);
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_shards(SHARDS)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -314,9 +338,18 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// An empty store of `shards` shards (the tests that follow one shard's eviction use one).
+    fn with_shards(shards: usize) -> Self {
+        Self {
+            shards: (0..shards.max(1)).map(|_| Shard::default()).collect(),
+            hasher: RandomState::new(),
+            waiters: Waiters::default(),
+        }
+    }
+
     /// How many records are held, including tombstones not yet evicted.
     pub fn len(&self) -> usize {
-        self.lock().records.len()
+        self.shards.iter().map(|s| lock(s).records.len()).sum()
     }
 
     /// Whether no record is held.
@@ -334,13 +367,19 @@ impl MemoryStore {
         self.hasher.hash_one(key)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a half-written record: nothing that can panic
-        // runs between the writes to one slot, or between a table change and its retention-index
-        // change (only allocation, which aborts rather than panics). So the data is consistent and
-        // the poison can be ignored.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The locked shard of the key with this hash. Bits 40 to 43 of the hash choose it: the table
+    /// inside uses the low bits for the bucket and the top seven as its tag.
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Inner> {
+        lock(&self.shards[(hash >> 40) as usize % self.shards.len()])
     }
+}
+
+fn lock(shard: &Shard) -> MutexGuard<'_, Inner> {
+    // A panic while holding the lock cannot leave a half-written record: nothing that can panic runs
+    // between the writes to one slot, or between a table change and its retention-index change
+    // (only allocation, which aborts rather than panics). So the data is consistent and the poison
+    // can be ignored.
+    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[async_trait::async_trait]
@@ -348,7 +387,7 @@ impl Store for MemoryStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let hash = self.hash(claim.key);
         let fresh = Head::of(&Record::new_claim(claim));
-        let mut guard = self.lock();
+        let mut guard = self.shard(hash);
         guard.evict(claim.now, EVICT_PER_CLAIM);
         let seq = guard.next_seq();
         let Inner {
@@ -403,7 +442,7 @@ impl Store for MemoryStore {
         let packed = pack(key, Some(response));
         let hash = self.hash(key);
         let replaced = {
-            let mut inner = self.lock();
+            let mut inner = self.shard(hash);
             match inner.find_mut(hash, key) {
                 Some(slot) if slot.head.in_flight_under(token) => {
                     slot.complete(packed, response.status)
@@ -419,7 +458,7 @@ impl Store for MemoryStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let hash = self.hash(key);
         {
-            let mut inner = self.lock();
+            let mut inner = self.shard(hash);
             match inner.find(hash, key) {
                 Some(slot) if slot.head.in_flight_under(token) => inner.remove(hash, key),
                 _ => return Err(StoreError::fenced()),
@@ -432,7 +471,7 @@ impl Store for MemoryStore {
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         let hash = self.hash(key);
         Ok(self
-            .lock()
+            .shard(hash)
             .find(hash, key)
             .filter(|slot| !slot.head.view().is_forgotten(now))
             .map(Slot::record))
@@ -448,7 +487,15 @@ impl Purge for MemoryStore {
     /// Looks at up to `2 * batch` retention entries: a batch that meets many entries of released or
     /// renewed records returns fewer than `batch` records, and the sweeper's next run goes on.
     async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
-        Ok(self.lock().evict(now, batch))
+        let mut purged = 0;
+        for shard in self.shards.iter() {
+            let left = batch.saturating_sub(purged as usize);
+            if left == 0 {
+                break;
+            }
+            purged += lock(shard).evict(now, left);
+        }
+        Ok(purged)
     }
 }
 
@@ -474,8 +521,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn eviction_removes_only_the_records_whose_retention_ended() {
+    async fn records_spread_over_the_shards_and_purge_drains_every_shard_in_batches() {
         let store = MemoryStore::new();
+        let keys: Vec<RecordKey> = (0..200)
+            .map(|i| RecordKey::new("s", format!("k{i}")))
+            .collect();
+        for (i, key) in keys.iter().enumerate() {
+            store.claim(&claim(key, i as i64, 0, 10)).await.unwrap();
+        }
+        let used = store
+            .shards
+            .iter()
+            .filter(|s| !lock(s).records.is_empty())
+            .count();
+        assert!(
+            used > SHARDS / 2,
+            "200 keys over {SHARDS} shards used only {used}"
+        );
+        assert_eq!(store.len(), 200);
+        // Nothing is due before retention ends; then batches of 64 across shards, the last short.
+        assert_eq!(store.purge_expired(at(9), 64).await.unwrap(), 0);
+        let mut batches = Vec::new();
+        for _ in 0..5 {
+            batches.push(store.purge_expired(at(10), 64).await.unwrap());
+        }
+        assert_eq!(batches, [64, 64, 64, 8, 0]);
+        assert!(store.is_empty());
+        for key in &keys {
+            assert!(store.get(key, at(10)).await.unwrap().is_none());
+        }
+    }
+
+    #[tokio::test]
+    async fn eviction_removes_only_the_records_whose_retention_ended() {
+        let store = MemoryStore::with_shards(1);
         let a = RecordKey::new("s", "a");
         let others: Vec<RecordKey> = (0..10)
             .map(|i| RecordKey::new("t", format!("{i}")))
@@ -522,7 +601,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_record_packs_and_unpacks_its_key_and_response() {
-        let store = MemoryStore::new();
+        let store = MemoryStore::with_shards(1);
         // The same bytes split differently between scope and key are two records. (Their hashes
         // differ too, so the slots' own comparison is checked directly.)
         let a = RecordKey::new("ab", "c");
@@ -580,7 +659,7 @@ mod tests {
         let outcome = store.claim(&claim(&a, 3, 200, 100)).await.unwrap();
         assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
         {
-            let inner = store.lock();
+            let inner = store.shard(store.hash(&a));
             let slot = inner.find(store.hash(&a), &a).expect("a's slot");
             assert_eq!(&slot.bytes[..], b"abc", "the old response's bytes are gone");
             // `b`, evicted after `a` (same retention, later sequence), is still there: the
