@@ -10,7 +10,11 @@ use crate::clock::Timestamp;
 use crate::policy::{Policy, ReplayMode};
 use crate::record::StoredResponse;
 use ::axum::body::Body;
-use ::axum::http::header::{HeaderMap, HeaderName, HeaderValue, LOCATION};
+use ::axum::http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LANGUAGE, CONTENT_LENGTH, CONTENT_TYPE,
+    LOCATION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, SET_COOKIE, TE, TRAILER, TRANSFER_ENCODING,
+    UPGRADE,
+};
 use ::axum::http::response::Parts;
 use ::axum::http::StatusCode;
 use ::axum::response::{IntoResponse, Response};
@@ -24,25 +28,27 @@ pub(crate) static REPLAYED: HeaderName = HeaderName::from_static(super::REPLAYED
 /// Until when the key is remembered, as an IMF-fixdate.
 pub(crate) static EXPIRES: HeaderName = HeaderName::from_static(super::EXPIRES_HEADER);
 
-/// Headers stored in [`ReplayMode::Full`] besides the policy's own list.
-const ALWAYS_REPLAYED: [&str; 3] = ["content-type", "content-language", "location"];
+/// Headers stored in [`ReplayMode::Full`] besides the policy's own list. Names, not strings:
+/// comparing two standard `HeaderName`s compares a discriminant, and every header of every fresh
+/// response is compared with these.
+static ALWAYS_REPLAYED: [HeaderName; 3] = [CONTENT_TYPE, CONTENT_LANGUAGE, LOCATION];
 
-/// Headers never stored, even if a policy names them.
-const NEVER_REPLAYED: [&str; 14] = [
-    "set-cookie",
-    "set-cookie2",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    super::REPLAYED_HEADER,
-    super::EXPIRES_HEADER,
+/// Headers never stored, even if a policy names them, and never replayed, even if stored.
+static NEVER_REPLAYED: [HeaderName; 14] = [
+    SET_COOKIE,
+    HeaderName::from_static("set-cookie2"),
+    CONTENT_LENGTH,
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    HeaderName::from_static(super::REPLAYED_HEADER),
+    HeaderName::from_static(super::EXPIRES_HEADER),
 ];
 
 /// Sets the `Idempotency-Expires` header.
@@ -178,13 +184,14 @@ impl Chunks {
     }
 }
 
-fn is_replayable(name: &str, policy: &Policy) -> bool {
-    !NEVER_REPLAYED.contains(&name)
-        && (ALWAYS_REPLAYED.contains(&name)
-            || policy
+fn is_replayable(name: &HeaderName, policy: &Policy) -> bool {
+    // No name of ALWAYS_REPLAYED is in NEVER_REPLAYED (a test checks), so the usual headers skip it.
+    ALWAYS_REPLAYED.contains(name)
+        || !NEVER_REPLAYED.contains(name)
+            && policy
                 .replay_headers
                 .iter()
-                .any(|h| h.eq_ignore_ascii_case(name)))
+                .any(|h| h.eq_ignore_ascii_case(name.as_str()))
 }
 
 /// Status, replayable headers (values that are not visible ASCII are skipped: they could not be
@@ -193,7 +200,7 @@ fn full(parts: &Parts, body: Bytes, policy: &Policy) -> StoredResponse {
     let headers = parts
         .headers
         .iter()
-        .filter(|(name, _)| is_replayable(name.as_str(), policy))
+        .filter(|(name, _)| is_replayable(name, policy))
         .filter_map(|(name, value)| {
             Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
         })
@@ -241,13 +248,14 @@ pub(crate) fn replay(stored: StoredResponse, expires_at: Timestamp) -> Response 
     *response.status_mut() = status;
     let headers = response.headers_mut();
     for (name, value) in stored.headers {
-        if NEVER_REPLAYED.contains(&name.as_str()) {
+        // Parsed first, so that the check below also catches a name stored in another case.
+        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+            continue;
+        };
+        if NEVER_REPLAYED.contains(&name) {
             continue;
         }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(Bytes::from(value)),
-        ) {
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
             headers.append(name, value);
         }
     }
@@ -317,6 +325,13 @@ mod tests {
         names
     }
 
+    #[test]
+    fn no_header_is_both_always_and_never_replayed() {
+        for name in &ALWAYS_REPLAYED {
+            assert!(!NEVER_REPLAYED.contains(name), "{name}");
+        }
+    }
+
     #[tokio::test]
     async fn a_policy_cannot_make_set_cookie_or_hop_by_hop_headers_replayable() {
         const POLICY: Policy =
@@ -359,6 +374,9 @@ mod tests {
             status: 200,
             headers: vec![
                 ("set-cookie".into(), "session=1".into()),
+                ("Set-Cookie".into(), "session=2".into()),
+                ("keep-alive".into(), "timeout=5".into()),
+                ("idempotency-replayed".into(), "false".into()),
                 ("content-type".into(), "text/plain".into()),
                 ("bad name".into(), "x".into()),
             ],
@@ -366,6 +384,8 @@ mod tests {
         };
         let replay = replay(stored, Timestamp::from_millis(0));
         assert!(!replay.headers().contains_key(SET_COOKIE));
+        assert!(!replay.headers().contains_key("keep-alive"));
+        assert_eq!(replay.headers().get_all(&REPLAYED).iter().count(), 1);
         assert_eq!(replay.headers()[CONTENT_TYPE], "text/plain");
         assert_eq!(replay.headers()[&REPLAYED], "true");
         assert_eq!(replay.headers()[&EXPIRES], "Thu, 01 Jan 1970 00:00:00 GMT");
