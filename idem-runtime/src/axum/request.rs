@@ -67,7 +67,7 @@ async fn collect(
 
 /// The key's header, as a name: looking a header up by a `&str` parses and validates the name on
 /// every request.
-static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(super::KEY_HEADER);
 
 /// What the engine needs from the request: its fingerprint and its key header.
 ///

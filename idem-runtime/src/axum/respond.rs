@@ -149,7 +149,8 @@ enum Ending {
 struct Chunks {
     first: Option<Bytes>,
     rest: Vec<Bytes>,
-    /// The bytes in all frames (saturating: compared with the cap, never allocated).
+    /// The bytes in all frames (saturating; compared with the cap, and the capacity of the joined
+    /// body only when the whole body is within the cap).
     len: usize,
 }
 
@@ -187,11 +188,11 @@ impl Chunks {
 fn is_replayable(name: &HeaderName, policy: &Policy) -> bool {
     // No name of ALWAYS_REPLAYED is in NEVER_REPLAYED (a test checks), so the usual headers skip it.
     ALWAYS_REPLAYED.contains(name)
-        || !NEVER_REPLAYED.contains(name)
+        || (!NEVER_REPLAYED.contains(name)
             && policy
                 .replay_headers
                 .iter()
-                .any(|h| h.eq_ignore_ascii_case(name.as_str()))
+                .any(|h| h.eq_ignore_ascii_case(name.as_str())))
 }
 
 /// Status, replayable headers (values that are not visible ASCII are skipped: they could not be
@@ -267,7 +268,6 @@ pub(crate) fn replay(stored: StoredResponse, expires_at: Timestamp) -> Response 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ::axum::http::header::{CONTENT_TYPE, SET_COOKIE};
 
     #[tokio::test]
     async fn a_body_in_several_frames_is_stored_and_sent_whole_and_one_frame_is_not_copied() {
@@ -304,6 +304,61 @@ mod tests {
             .expect("empty")
             .to_bytes()
             .is_empty());
+    }
+
+    fn frames(frames: &[&'static str], fail: bool) -> Response {
+        let mut items: Vec<Result<Bytes, std::io::Error>> = frames
+            .iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        if fail {
+            items.push(Err(std::io::Error::other("upstream went away")));
+        }
+        Response::new(Body::from_stream(stream::iter(items)))
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_cap_or_failing_is_sent_in_order_and_stored_minimally() {
+        const CAPPED: Policy = Policy::new().max_stored_body(4);
+        let (stored, sent) = capture(frames(&["ab", "cd", "ef", "gh"], false), &CAPPED).await;
+        assert!(stored.body.is_empty(), "over the cap: not stored");
+        let sent = sent
+            .into_body()
+            .collect()
+            .await
+            .expect("whole body")
+            .to_bytes();
+        assert_eq!(&sent[..], b"abcdefgh");
+
+        let policy = Policy::default();
+        let (stored, sent) = capture(frames(&["ab", "cd"], true), &policy).await;
+        assert!(stored.body.is_empty(), "a failed body is not stored");
+        let mut body = sent.into_body();
+        let mut got = Vec::new();
+        let error = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => got.extend_from_slice(&frame.into_data().expect("data")),
+                Some(Err(error)) => break error,
+                None => panic!("the stream's error must reach the client"),
+            }
+        };
+        assert_eq!(got, b"abcd");
+        assert!(error.to_string().contains("upstream went away"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn idem_s_own_headers_are_never_stored_even_if_a_policy_names_them() {
+        const POLICY: Policy =
+            Policy::new().replay_headers(&["idempotency-replayed", "Idempotency-Expires"]);
+        let mut fresh = response("{}");
+        let h = fresh.headers_mut();
+        h.insert(REPLAYED.clone(), HeaderValue::from_static("true"));
+        h.insert(
+            EXPIRES.clone(),
+            HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"),
+        );
+        let (stored, _) = capture(fresh, &POLICY).await;
+        assert_eq!(names(&stored), ["content-type", "location"]);
     }
 
     fn response(body: &'static str) -> Response {

@@ -6,7 +6,8 @@
 //! and release under every interleaving.
 //! Memory stays bounded by the live records: each claim evicts a few records past retention from its
 //! shard (oldest first, through the shard's `retention` index), and [`Purge`] evicts in batches,
-//! shard after shard.
+//! shard after shard. A released or renewed record leaves a 24-byte index entry behind until such
+//! entries outnumber the shard's records, when they are dropped together.
 //! Nothing survives a restart, and a second process never sees these records: use SQLite,
 //! PostgreSQL or Redis for that.
 //!
@@ -86,7 +87,21 @@ impl Default for MemoryStore {
 struct Inner {
     records: HashTable<Bucket>,
     retention: Retention,
+    /// Entries in `retention` left behind by released or renewed records (an upper bound: an
+    /// entry evicted meanwhile may still be counted).
+    stale: usize,
     next_seq: u64,
+}
+
+/// Stale retention entries are dropped once they outnumber the shard's records and this.
+const STALE_BEFORE_COMPACTING: usize = 1024;
+
+/// What one eviction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Evicted {
+    records: u64,
+    /// Whether nothing more was due when it stopped.
+    dry: bool,
 }
 
 /// What the table holds: the key's hash and the boxed slot. Sixteen bytes, so that growing a table
@@ -305,30 +320,57 @@ impl Inner {
             .find_entry(hash, |b| b.hash == hash && b.slot.is(key))
         {
             entry.remove();
+            self.left_stale();
         }
     }
 
-    /// Removes up to `limit` records whose retention ended at or before `now`, oldest first, and
-    /// returns how many. Entries of records already removed or renewed are skipped; at most
-    /// `2 * limit` entries are looked at, which bounds the time the lock is held.
-    fn evict(&mut self, now: Timestamp, limit: usize) -> u64 {
-        let mut evicted = 0;
+    /// One retention entry no longer matches a record. Once such entries outnumber the records
+    /// (and [`STALE_BEFORE_COMPACTING`]), the index keeps only the live ones: a pass over all
+    /// entries, paid for by the releases and renewals that made them, which keeps the index within
+    /// about twice the records however many claims are released.
+    fn left_stale(&mut self) {
+        self.stale += 1;
+        if self.stale > self.records.len().max(STALE_BEFORE_COMPACTING) {
+            let records = &self.records;
+            self.retention.retain(|due| {
+                records
+                    .find(due.hash, |b| b.hash == due.hash && b.slot.seq == due.seq)
+                    .is_some()
+            });
+            self.stale = 0;
+        }
+    }
+
+    /// Removes up to `limit` records whose retention ended at or before `now`, oldest first.
+    /// Entries of records already removed or renewed are skipped; at most `2 * limit` entries are
+    /// looked at, which bounds the time the lock is held.
+    fn evict(&mut self, now: Timestamp, limit: usize) -> Evicted {
+        let mut records = 0;
         for _ in 0..limit.saturating_mul(2) {
-            if evicted == limit {
+            if records == limit {
                 break;
             }
             let Some(Due { seq, hash, .. }) = self.retention.pop_due(now) else {
-                break;
+                return Evicted {
+                    records: records as u64,
+                    dry: true,
+                };
             };
-            if let Ok(bucket) = self
+            match self
                 .records
                 .find_entry(hash, |b| b.hash == hash && b.slot.seq == seq)
             {
-                bucket.remove();
-                evicted += 1;
+                Ok(bucket) => {
+                    bucket.remove();
+                    records += 1;
+                }
+                Err(_) => self.stale = self.stale.saturating_sub(1),
             }
         }
-        evicted as u64
+        Evicted {
+            records: records as u64,
+            dry: false,
+        }
     }
 }
 
@@ -347,14 +389,15 @@ impl MemoryStore {
         }
     }
 
-    /// How many records are held, including tombstones not yet evicted.
+    /// How many records are held, including tombstones not yet evicted. The shards are counted one
+    /// after another, so under concurrent claims the sum is not a snapshot of one instant.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).records.len()).sum()
     }
 
-    /// Whether no record is held.
+    /// Whether no record is held (as [`len`](Self::len), shard after shard).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.shards.iter().all(|s| lock(s).records.is_empty())
     }
 
     /// How many keys have waiting duplicates (for tests).
@@ -399,6 +442,7 @@ impl Store for MemoryStore {
             hash,
         };
         let same_key = |b: &Bucket| b.hash == hash && b.slot.is(claim.key);
+        let mut renewed = false;
         let taken_over = match records.entry(hash, same_key, |b| b.hash) {
             Entry::Occupied(mut entry) => {
                 let slot = &mut *entry.get_mut().slot;
@@ -417,6 +461,7 @@ impl Store for MemoryStore {
                     // the old entry in the retention index no longer matches its sequence number).
                     retention.push(claim.now, due);
                     slot.renew(seq, fresh);
+                    renewed = true;
                     false
                 }
             }
@@ -429,6 +474,9 @@ impl Store for MemoryStore {
                 false
             }
         };
+        if renewed {
+            guard.left_stale();
+        }
         Ok(ClaimOutcome::Claimed { taken_over })
     }
 
@@ -484,16 +532,25 @@ impl Store for MemoryStore {
 
 #[async_trait::async_trait]
 impl Purge for MemoryStore {
-    /// Looks at up to `2 * batch` retention entries: a batch that meets many entries of released or
-    /// renewed records returns fewer than `batch` records, and the sweeper's next run goes on.
+    /// Shard after shard; within a shard, critical sections that each look at up to twice the
+    /// records still wanted (entries of released or renewed records are skipped), until the shard
+    /// has nothing due. Fewer than `batch` records means nothing due is left.
     async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+        // Each shard until it has nothing due, one short critical section at a time, so that a
+        // batch comes back short only when nothing due is left (the sweeper stops on a short one).
         let mut purged = 0;
         for shard in self.shards.iter() {
-            let left = batch.saturating_sub(purged as usize);
-            if left == 0 {
-                break;
+            loop {
+                let left = batch.saturating_sub(purged as usize);
+                if left == 0 {
+                    return Ok(purged);
+                }
+                let evicted = lock(shard).evict(now, left);
+                purged += evicted.records;
+                if evicted.dry {
+                    break;
+                }
             }
-            purged += lock(shard).evict(now, left);
         }
         Ok(purged)
     }
@@ -579,7 +636,7 @@ mod tests {
             .expect("the new record stays");
         assert_eq!(kept.token, FencingToken(4));
         assert!(store.get(&others[9], at(25)).await.unwrap().is_none());
-        // Completing and releasing find the record by key and token, and release frees its slot.
+        // Completing finds the record by key and token; a completed record cannot be released.
         let response = StoredResponse {
             status: 201,
             headers: vec![("location".into(), "/a".into())],
@@ -597,6 +654,42 @@ mod tests {
         assert_eq!(fenced.kind(), crate::store::StoreErrorKind::Fenced);
         assert_eq!(store.purge_expired(at(1_000), 10).await.unwrap(), 1);
         assert!(store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_purge_reaches_past_entries_of_released_records_and_those_entries_are_compacted() {
+        let store = MemoryStore::with_shards(1);
+        // Twenty released claims, due first, then one live record.
+        for i in 0..20 {
+            let key = RecordKey::new("s", format!("gone-{i}"));
+            store.claim(&claim(&key, i, 0, 10)).await.unwrap();
+            store.release(&key, FencingToken(i)).await.unwrap();
+        }
+        let live = RecordKey::new("s", "live");
+        store.claim(&claim(&live, 99, 1, 10)).await.unwrap();
+        // One call looks past all twenty (in critical sections of at most 2 * 8 entries) and
+        // returns the live record: a short batch still means nothing due is left.
+        assert_eq!(store.purge_expired(at(20), 8).await.unwrap(), 1);
+        assert!(store.is_empty());
+        assert_eq!(store.shard(0).retention.len(), 0);
+
+        // Released claims' entries do not pile up: once they outnumber the records (and the
+        // threshold), the index keeps only the live ones.
+        let kept = RecordKey::new("s", "kept");
+        store.claim(&claim(&kept, 1, 0, 1_000)).await.unwrap();
+        let released = STALE_BEFORE_COMPACTING as i64 * 3;
+        for i in 0..released {
+            let key = RecordKey::new("s", format!("again-{i}"));
+            store.claim(&claim(&key, i, 0, 1_000)).await.unwrap();
+            store.release(&key, FencingToken(i)).await.unwrap();
+        }
+        let entries = store.shard(0).retention.len();
+        assert!(
+            entries <= STALE_BEFORE_COMPACTING + 2,
+            "{entries} index entries for 1 record after {released} releases"
+        );
+        assert_eq!(store.purge_expired(at(1_000), 10).await.unwrap(), 1);
+        assert!(store.get(&kept, at(999)).await.unwrap().is_none());
     }
 
     #[tokio::test]

@@ -214,7 +214,8 @@ pub trait Store: Send + Sync + 'static {
 #[async_trait::async_trait]
 pub trait Purge: Send + Sync + 'static {
     /// Deletes at most `batch` records whose `retain_until` is at or before `now`; returns how many.
-    /// Each call is short (one statement or one critical section), so it never holds long locks.
+    /// Fewer than `batch` means none was left to delete. Each call is short (one statement, or a few
+    /// short critical sections), so it never holds long locks.
     async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError>;
 }
 

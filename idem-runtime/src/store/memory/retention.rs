@@ -6,19 +6,18 @@
 //! fronts. Both are constant time, where an ordered map searched its whole height on every claim
 //! (and Rust's B-tree scans each node from the left, the costliest way to append).
 //!
-//! The queues are exact up to the clock: a claim that read the clock just before another but took
-//! the store's lock just after lands behind it, and a wall clock stepped back puts the records
-//! claimed after the step behind the ones claimed before it. Such a record is evicted when it reaches
-//! its queue's front, late by at most that difference. A record past retention is absent to every
-//! reader whether or not it has been evicted (`Record::is_forgotten`), so lateness costs memory, not
-//! correctness.
+//! Every queue stays sorted, so the index is exact. An entry that would land out of order in its
+//! queue goes to one ordered map instead, as the whole index once did: a claim that read the clock
+//! just before another but took the lock just after, or any claim after the wall clock stepped back.
+//! So do lengths beyond the first [`MAX_QUEUES`] (a caller of
+//! [`Store::claim`](crate::store::Store::claim) may pass any retention); a queue left empty is
+//! taken by the next new length.
 //!
-//! Lengths beyond the first [`MAX_QUEUES`] (a caller of [`Store::claim`](crate::store::Store::claim)
-//! may pass any retention) go to one ordered map, as the whole index once did.
-//!
-//! Entries are never removed from the middle: a released record, or one renewed under a new sequence
+//! Entries are not removed from the middle: a released record, or one renewed under a new sequence
 //! number, leaves its entry behind, and eviction skips an entry whose sequence number no longer
-//! matches a slot. Each stale entry goes when its own retention ends.
+//! matches a slot. The store counts such entries and, once they outnumber its records, keeps only
+//! the live ones ([`Retention::retain`]), so the index never holds more than about twice as many
+//! entries as the store holds records.
 
 use crate::clock::Timestamp;
 use std::collections::{BTreeMap, VecDeque};
@@ -74,12 +73,21 @@ impl Queue {
         }
     }
 
+    /// The entry pushed last, whether or not it has been popped since.
+    fn back(&self) -> Option<Due> {
+        self.chunks.back().and_then(|c| c.last()).copied()
+    }
+
     fn pop(&mut self) {
         self.head += 1;
         if self.head == CHUNK {
             self.chunks.pop_front();
             self.head = 0;
         }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Due> {
+        self.chunks.iter().flatten().skip(self.head)
     }
 }
 
@@ -92,20 +100,70 @@ enum Source {
 impl Retention {
     /// Adds a record claimed at `now`.
     pub(super) fn push(&mut self, now: Timestamp, due: Due) {
-        let length = due.retain_until.as_millis().saturating_sub(now.as_millis());
-        if let Some(queue) = self.queues.iter_mut().find(|q| q.length == length) {
-            queue.push(due);
-        } else if self.queues.len() < MAX_QUEUES {
-            let mut queue = Queue {
-                length,
+        let length = due.retain_until.as_millis().checked_sub(now.as_millis());
+        let in_order = |q: &Queue| {
+            q.back()
+                .is_none_or(|last| last.retain_until <= due.retain_until)
+        };
+        let queue = match length {
+            None => None,
+            Some(length) => match self.queues.iter().position(|q| q.length == length) {
+                Some(i) => Some(i).filter(|&i| in_order(&self.queues[i])),
+                None => self.new_queue(length),
+            },
+        };
+        match queue {
+            Some(i) => self.queues[i].push(due),
+            None => {
+                self.others.insert((due.retain_until, due.seq), due.hash);
+            }
+        }
+    }
+
+    /// A queue for a new retention length: a new one while there are fewer than [`MAX_QUEUES`],
+    /// else one left empty, else none.
+    fn new_queue(&mut self, length: i64) -> Option<usize> {
+        let empty = Queue {
+            length,
+            chunks: VecDeque::new(),
+            head: 0,
+        };
+        if self.queues.len() < MAX_QUEUES {
+            self.queues.push(empty);
+            return Some(self.queues.len() - 1);
+        }
+        let i = self.queues.iter().position(|q| q.front().is_none())?;
+        self.queues[i] = empty;
+        Some(i)
+    }
+
+    /// Keeps only the entries `keep` accepts, in order. Linear in the entries held.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Due) -> bool) {
+        for queue in &mut self.queues {
+            let mut kept = Queue {
+                length: queue.length,
                 chunks: VecDeque::new(),
                 head: 0,
             };
-            queue.push(due);
-            self.queues.push(queue);
-        } else {
-            self.others.insert((due.retain_until, due.seq), due.hash);
+            for due in queue.entries().filter(|due| keep(due)) {
+                kept.push(*due);
+            }
+            *queue = kept;
         }
+        self.others.retain(|&(retain_until, seq), &mut hash| {
+            keep(&Due {
+                retain_until,
+                seq,
+                hash,
+            })
+        });
+    }
+
+    /// How many entries are held.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        let queued = |q: &Queue| q.chunks.iter().map(Vec::len).sum::<usize>() - q.head;
+        self.queues.iter().map(queued).sum::<usize>() + self.others.len()
     }
 
     /// Takes the entry whose retention ends first, if it ended at or before `now`.
@@ -195,8 +253,53 @@ mod tests {
         assert_eq!(drain(&mut index, 999), extras);
         let all: Vec<u64> = (0..n).collect();
         assert_eq!(drain(&mut index, i64::MAX), all);
-        // Drained, the queue takes new entries again.
-        index.push(at(0), due(5, 7));
-        assert_eq!(drain(&mut index, 5), [7]);
+        // Drained, a queue takes new entries of its length again...
+        index.push(at(10_000), due(11_000, 7));
+        assert_eq!(index.others.len(), 0);
+        assert_eq!(index.len(), 1);
+        assert_eq!(drain(&mut index, 11_000), [7]);
+        // ... and an empty queue is taken by a new length rather than the map.
+        index.push(at(0), due(77, 8));
+        assert_eq!(index.others.len(), 0);
+        assert!(index.queues.iter().any(|q| q.length == 77));
+    }
+
+    #[test]
+    fn an_entry_out_of_order_in_its_queue_goes_to_the_map_and_nothing_waits_behind_it() {
+        let mut index = Retention::default();
+        // The clock stepped forward by a day, then back: the entry claimed in the future must not
+        // hold back the ones after it, which are due much earlier.
+        index.push(at(0), due(10, 1));
+        index.push(at(86_400_000), due(86_400_010, 2));
+        index.push(at(1), due(11, 3));
+        index.push(at(2), due(12, 4));
+        assert_eq!(
+            index.others.len(),
+            2,
+            "3 and 4 would land behind 2 in the queue"
+        );
+        assert_eq!(drain(&mut index, 20), [1, 3, 4]);
+        // A retention that does not fit an i64 of milliseconds goes to the map too.
+        index.push(at(-5), due(i64::MAX, 5));
+        assert_eq!(drain(&mut index, i64::MAX), [2, 5]);
+    }
+
+    #[test]
+    fn retain_keeps_the_accepted_entries_in_order() {
+        let mut index = Retention::default();
+        for seq in 0..(CHUNK as u64 + 10) {
+            index.push(at(seq as i64), due(100 + seq as i64, seq));
+        }
+        for extra in 0..MAX_QUEUES as u64 + 2 {
+            index.push(at(0), due(50 + extra as i64, 10_000 + extra));
+        }
+        index.pop_due(at(50));
+        index.retain(|d| d.seq % 2 == 0);
+        let kept = drain(&mut index, i64::MAX);
+        let mut expected: Vec<u64> = (10_002..10_000 + MAX_QUEUES as u64 + 2)
+            .filter(|s| s % 2 == 0)
+            .collect();
+        expected.extend((0..CHUNK as u64 + 10).filter(|s| s % 2 == 0));
+        assert_eq!(kept, expected);
     }
 }
