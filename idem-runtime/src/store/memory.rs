@@ -2,8 +2,8 @@
 //!
 //! The records are split by key hash into sixteen shards (`SHARDS`), each a table under its own
 //! mutex. Every operation on a key is one critical section under its shard's mutex, which makes the
-//! claim trivially atomic. The mutexes come from `crate::sync`, so `tests/loom.rs` checks claim, complete
-//! and release under every interleaving.
+//! claim trivially atomic. The mutexes come from `crate::sync`, so `tests/loom.rs` checks claim,
+//! complete and release under every interleaving.
 //! Memory stays bounded by the live records: each claim evicts a few records past retention from its
 //! shard (oldest first, through the shard's `retention` index), and [`Purge`] evicts in batches,
 //! shard after shard. A released or renewed record leaves a 24-byte index entry behind until such
@@ -12,12 +12,12 @@
 //! PostgreSQL or Redis for that.
 //!
 //! # Layout
-//! A shard's records live in a hash table of 16-byte buckets (the key's hash and a boxed slot holding the
-//! record's head, a sequence number and one byte string). Keys are client-controlled, so the hash is the
-//! standard library's keyed SipHash, computed once per operation (before the lock is taken) and kept
-//! in the bucket for the table's own resizing. The retention index holds `retain_until`, the
-//! sequence number and that hash: eviction finds its slot by hash and sequence, so the index holds no
-//! copy of the key and compares integers only.
+//! A shard's records live in a hash table of 16-byte buckets (the key's hash and a boxed slot
+//! holding the record's head, a sequence number and one byte string). Keys are client-controlled,
+//! so the hash is the standard library's keyed SipHash, computed once per operation (before the
+//! lock is taken) and kept in the bucket for the table's own resizing. The retention index holds
+//! `retain_until`, the sequence number and that hash: eviction finds its slot by hash and sequence,
+//! so the index holds no copy of the key and compares integers only.
 //!
 //! A slot's byte string holds the scope and the key and, once the record is completed, the stored
 //! response's headers and body (`pack`): a record is two allocations (slot and bytes) however many
@@ -62,10 +62,10 @@ pub struct MemoryStore {
     waiters: Waiters,
 }
 
-/// How many independently locked parts the records are split into. A claim and its completion
-/// touch one shard's lock and table header; with one lock for all records, the cache lines of that
-/// lock and header moved between the cores on nearly every operation, and a completion found them
-/// on the other core after the handler ran. Fewer under loom, whose models explore every lock.
+/// How many independently locked parts the records are split into. One lock over all records makes
+/// every claim and completion of a many-core service wait for every other; split, operations on
+/// different keys rarely meet (on the two-core bench machine the difference is within noise, see
+/// BENCHMARKS.md). Fewer under loom, whose models explore every lock.
 #[cfg(not(loom))]
 const SHARDS: usize = 16;
 #[cfg(loom)]
