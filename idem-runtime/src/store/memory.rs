@@ -565,6 +565,15 @@ mod tests {
         Timestamp::from_millis(ms)
     }
 
+    /// The record `store` holds for `key` at `ms`; the test fails if there is none.
+    async fn held(store: &MemoryStore, key: &RecordKey, ms: i64) -> Record {
+        let found = store
+            .get(key, at(ms))
+            .await
+            .expect("the memory store never fails");
+        found.unwrap_or_else(|| panic!("no record for {key:?} at {ms}"))
+    }
+
     fn claim<'a>(key: &'a RecordKey, token: i64, now: i64, retain: i64) -> Claim<'a> {
         Claim {
             key,
@@ -629,11 +638,7 @@ mod tests {
         assert_eq!(store.len(), 3);
         assert_eq!(store.purge_expired(at(25), 10).await.unwrap(), 2);
         assert_eq!(store.len(), 1);
-        let kept = store
-            .get(&a, at(25))
-            .await
-            .unwrap()
-            .expect("the new record stays");
+        let kept = held(&store, &a, 25).await;
         assert_eq!(kept.token, FencingToken(4));
         assert!(store.get(&others[9], at(25)).await.unwrap().is_none());
         // Completing finds the record by key and token; a completed record cannot be released.
@@ -760,11 +765,7 @@ mod tests {
             assert!(inner.find(store.hash(&b), &b).is_some());
             assert_eq!(inner.records.len(), 2);
         }
-        let renewed = store
-            .get(&a, at(200))
-            .await
-            .unwrap()
-            .expect("renewed record");
+        let renewed = held(&store, &a, 200).await;
         assert_eq!(renewed.token, FencingToken(3));
         assert!(matches!(renewed.state, RecordState::InFlight { .. }));
         let fresh = StoredResponse {

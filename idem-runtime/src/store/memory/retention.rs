@@ -58,6 +58,14 @@ struct Queue {
 }
 
 impl Queue {
+    fn new(length: i64) -> Self {
+        Queue {
+            length,
+            chunks: VecDeque::new(),
+            head: 0,
+        }
+    }
+
     fn front(&self) -> Option<Due> {
         self.chunks.front().and_then(|c| c.get(self.head)).copied()
     }
@@ -123,11 +131,7 @@ impl Retention {
     /// A queue for a new retention length: a new one while there are fewer than [`MAX_QUEUES`],
     /// else one left empty, else none.
     fn new_queue(&mut self, length: i64) -> Option<usize> {
-        let empty = Queue {
-            length,
-            chunks: VecDeque::new(),
-            head: 0,
-        };
+        let empty = Queue::new(length);
         if self.queues.len() < MAX_QUEUES {
             self.queues.push(empty);
             return Some(self.queues.len() - 1);
@@ -140,11 +144,7 @@ impl Retention {
     /// Keeps only the entries `keep` accepts, in order. Linear in the entries held.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Due) -> bool) {
         for queue in &mut self.queues {
-            let mut kept = Queue {
-                length: queue.length,
-                chunks: VecDeque::new(),
-                head: 0,
-            };
+            let mut kept = Queue::new(queue.length);
             for due in queue.entries().filter(|due| keep(due)) {
                 kept.push(*due);
             }
