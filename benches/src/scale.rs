@@ -20,7 +20,14 @@ const EXPIRED: u64 = 200_000;
 const DAY_MS: i64 = 86_400_000;
 
 /// `count` records `key-<from>`.. in scope `scope`, completed, with the given retention.
-async fn bulk(handle: &Handle, scope: &str, from: u64, count: u64, now: i64, retain: i64) {
+pub(crate) async fn bulk(
+    handle: &Handle,
+    scope: &str,
+    from: u64,
+    count: u64,
+    now: i64,
+    retain: i64,
+) {
     let to = from + count;
     let expires = retain.min(now + DAY_MS);
     match handle {

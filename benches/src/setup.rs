@@ -57,16 +57,47 @@ pub(crate) fn router(engine: Engine) -> Router {
         .with_state(engine)
 }
 
-/// Serves `router` on an ephemeral 127.0.0.1 port in this process.
+/// Serves `router` on an ephemeral 127.0.0.1 port in this process, for as long as the process runs.
 pub(crate) async fn serve(router: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    addr
+    Served::start(router).await.detach()
+}
+
+/// A server in this process that stops accepting, and lets go of its router (and so of its store),
+/// when dropped; connections already open finish on their own tasks.
+pub(crate) struct Served {
+    pub(crate) addr: SocketAddr,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Served {
+    /// Serves `router` on an ephemeral 127.0.0.1 port.
+    pub(crate) async fn start(router: Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Self {
+            addr,
+            task: Some(task),
+        }
+    }
+
+    /// Keeps serving after this value is gone.
+    fn detach(mut self) -> SocketAddr {
+        self.task = None;
+        self.addr
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 /// The four backends.
