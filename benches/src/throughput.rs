@@ -4,7 +4,9 @@
 //! the shared machine falls on every column alike; each figure is the median over the rounds.
 //!
 //! The memory store's HTTP cells each run on a store made for the cell ([`memory_server`]): empty,
-//! or holding as many completed records as the scale section's large point. One store shared by
+//! or holding as many completed records as the scale section's large point; its engine and floor
+//! cells on a store and a map made for each concurrency of each round
+//! ([`memory_engine_and_floor`]). One store shared by
 //! every cell would hold whatever the cells before it wrote (by the last rounds, tens of millions of
 //! records, most from the engine-level cells), so a cell's figure would depend on its place in the
 //! run, and a claim's cost grows with the table once it outgrows the caches. The other stores keep
@@ -133,7 +135,13 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 if http_only() {
                     continue;
                 }
-                let e = t.engine.clone();
+                // The memory store's engine and floor, like its HTTP cells, start empty each time.
+                let (engine, floor) = if memory {
+                    memory_engine_and_floor().await
+                } else {
+                    (t.engine.clone(), t.floor.clone())
+                };
+                let e = engine.clone();
                 let scope: Arc<str> = format!("engine-{run_id}").into();
                 let s = load::drive(c, bounds, move |w, n| {
                     let e = e.clone();
@@ -142,7 +150,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 })
                 .await;
                 put(&mut cells, name, Path::EngineNew, c, s);
-                let e = t.engine.clone();
+                let e = engine;
                 let s = load::drive(c, bounds, move |_, n| {
                     let e = e.clone();
                     async move { floors::engine_replay(&e, "engine-replay", replay_key(n)).await }
@@ -150,7 +158,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 .await;
                 put(&mut cells, name, Path::EngineReplay, c, s);
 
-                let f = t.floor.clone();
+                let f = floor.clone();
                 let prefix: Arc<str> = format!("f{run_id}").into();
                 let s = load::drive(c, bounds, move |w, n| {
                     let f = f.clone();
@@ -159,7 +167,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 })
                 .await;
                 put(&mut cells, name, Path::FloorNew, c, s);
-                let f = t.floor.clone();
+                let f = floor;
                 let s = load::drive(c, bounds, move |_, n| {
                     let f = f.clone();
                     async move { f.replay(&replay_key(n)).await }
@@ -202,6 +210,16 @@ async fn memory_server(held: u64) -> Served {
     let served = Served::start(setup::router(Engine::from_arc(store))).await;
     seed_http(served.addr).await;
     served
+}
+
+/// An engine on a new, empty memory store and a new memory floor, each holding the completed keys
+/// the store-level replay cells read.
+async fn memory_engine_and_floor() -> (Engine, Floor) {
+    let handle = Handle::Memory(Arc::new(MemoryStore::new()));
+    let engine = Engine::from_arc(handle.store());
+    let floor = Floor::for_handle(&handle);
+    seed_replays(&engine, &floor).await;
+    (engine, floor)
 }
 
 /// Completes, through `/idem` at `addr`, the keys the HTTP replay cells send.
@@ -316,7 +334,7 @@ fn print(targets: &[Target], cells: &Cells, held: u64) {
         return;
     }
     println!("\n## Store level: idem's engine against the store's direct floor\n");
-    println!("One new request = claim + complete; one replay = the read that answers it. The floor issues the same operations directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table, raw Redis commands); the engine goes through `Engine::begin` and `ClaimGuard::complete`, without HTTP. Ratio = engine throughput / floor throughput.\n");
+    println!("One new request = claim + complete; one replay = the read that answers it. The floor issues the same operations directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table, raw Redis commands); the engine goes through `Engine::begin` and `ClaimGuard::complete`, without HTTP. Ratio = engine throughput / floor throughput. The memory store's engine and its floor start from an empty store and an empty map at each concurrency of each round, as its HTTP cells do.\n");
     print!("| store, operation |");
     for c in CONCURRENCY {
         print!(" {c}: floor req/s (p50) | {c}: engine req/s (p50) | ratio |");
