@@ -62,8 +62,9 @@ pub(crate) async fn serve(router: Router) -> SocketAddr {
     Served::start(router).await.detach()
 }
 
-/// A server in this process that stops accepting, and lets go of its router (and so of its store),
-/// when dropped; connections already open finish on their own tasks.
+/// A server in this process that stops accepting when dropped or [stopped](Self::stop). Each
+/// connection is served on a task of its own with its own handle on the router, which it lets go of
+/// when the connection closes.
 pub(crate) struct Served {
     pub(crate) addr: SocketAddr,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -82,6 +83,14 @@ impl Served {
         Self {
             addr,
             task: Some(task),
+        }
+    }
+
+    /// Stops accepting, and returns once the accepting task (and its handle on the router) is gone.
+    pub(crate) async fn stop(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
         }
     }
 
@@ -246,8 +255,10 @@ fn selected(backend: Backend) -> bool {
     list.trim().is_empty() || list.split(',').any(|s| s.trim().eq_ignore_ascii_case(name))
 }
 
-/// Every selected backend that can be reached; the unreachable ones are reported and skipped.
-pub(crate) async fn handles() -> Vec<(Backend, Handle)> {
+/// Every selected backend that can be reached, each empty: a new memory store, a new SQLite file
+/// `<sqlite>.db`, the bench's PostgreSQL table truncated, its Redis database flushed. The
+/// unreachable ones are reported and skipped.
+pub(crate) async fn handles(sqlite_name: &str) -> Vec<(Backend, Handle)> {
     let mut out = Vec::new();
     if selected(Backend::Memory) {
         out.push((
@@ -256,7 +267,7 @@ pub(crate) async fn handles() -> Vec<(Backend, Handle)> {
         ));
     }
     if selected(Backend::Sqlite) {
-        out.push((Backend::Sqlite, Handle::Sqlite(sqlite("http").await)));
+        out.push((Backend::Sqlite, Handle::Sqlite(sqlite(sqlite_name).await)));
     }
     if selected(Backend::Postgres) {
         match postgres(None).await {
