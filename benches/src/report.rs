@@ -62,6 +62,11 @@ pub(crate) fn pct(r: f64) -> String {
     format!("{:.0}%", r * 100.0)
 }
 
+/// One decimal, for the targets' lines: `pct` prints 89.6% as "90%" beside a "no".
+pub(crate) fn pct1(r: f64) -> String {
+    format!("{:.1}%", r * 100.0)
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;

@@ -14,7 +14,7 @@
 
 use crate::floors::{self, Floor};
 use crate::load::{self, Bounds, Keys, Sample};
-use crate::report::{self, dur, median, pct, rate, Config};
+use crate::report::{self, dur, median, pct, pct1, rate, Config};
 use crate::scale;
 use crate::setup::{self, Backend, Handle, Served};
 use idem_runtime::clock::{Clock, SystemClock};
@@ -435,7 +435,7 @@ fn print(targets: &[Target], cells: &Cells, held: u64) {
                         / med(cells, (Some(n), Path::FloorReplay, c)).rps.max(1e-9);
                     report::target(
                         format!("{what}, {c} conn"),
-                        format!("new {} / replay {}", pct(new), pct(replay)),
+                        format!("new {} / replay {}", pct1(new), pct1(replay)),
                         new >= 0.8 && replay >= 0.8,
                     );
                 }
@@ -462,7 +462,7 @@ fn report_memory_targets(targets: &[Target], cells: &Cells, held: &str) {
         let replay = med(cells, (Some(n), Path::HttpReplay, c)).rps / plain;
         report::target(
             format!("memory store: annotated ≥ 90% of plain throughput, {c} conn"),
-            format!("new {} / replay {}", pct(new), pct(replay)),
+            format!("new {} / replay {}", pct1(new), pct1(replay)),
             new >= 0.9 && replay >= 0.9,
         );
     }
@@ -473,7 +473,7 @@ fn report_memory_targets(targets: &[Target], cells: &Cells, held: &str) {
             format!(
                 "memory store: annotated ≥ 90% of plain throughput, {held} records held, {c} conn"
             ),
-            format!("new {}", pct(new)),
+            format!("new {}", pct1(new)),
             new >= 0.9,
         );
     }
