@@ -6,11 +6,11 @@
 //! The memory store's HTTP cells each run on a store made for the cell ([`memory_server`]): empty,
 //! or holding as many completed records as the scale section's large point; its engine and floor
 //! cells on a store and a map made for each concurrency of each round
-//! ([`memory_engine_and_floor`]). One store shared by
-//! every cell would hold whatever the cells before it wrote (by the last rounds, tens of millions of
-//! records, most from the engine-level cells), so a cell's figure would depend on its place in the
-//! run, and a claim's cost grows with the table once it outgrows the caches. The other stores keep
-//! one database for the run: a round trip to them costs far more than their tables' growth.
+//! ([`memory_engine_and_floor`]). One store shared by every cell would hold whatever the cells
+//! before it wrote (by the last rounds, tens of millions of records, most from the engine-level
+//! cells), so a cell's figure would depend on its place in the run, and a claim's cost grows with
+//! the table once it outgrows the caches. The other stores keep one database for the run: a round
+//! trip to them costs far more than their tables' growth.
 
 use crate::floors::{self, Floor};
 use crate::load::{self, Bounds, Keys, Sample};
