@@ -62,9 +62,10 @@ pub(crate) fn pct(r: f64) -> String {
     format!("{:.0}%", r * 100.0)
 }
 
-/// One decimal, for the targets' lines: `pct` prints 89.6% as "90%" beside a "no".
+/// One decimal, rounded down, for the targets' lines: `pct` prints 89.6% as "90%" beside a "no",
+/// and rounding to nearest would print 89.96% as "90.0%".
 pub(crate) fn pct1(r: f64) -> String {
-    format!("{:.1}%", r * 100.0)
+    format!("{:.1}%", (r * 1000.0).floor() / 10.0)
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {

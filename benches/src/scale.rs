@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 const PROBES: usize = 2000;
 const SMALL: u64 = 10_000;
 const EXPIRED: u64 = 200_000;
-const DAY_MS: i64 = 86_400_000;
+/// A day, the retention the bulk-loaded records get.
+pub(crate) const DAY_MS: i64 = 86_400_000;
 
 /// `count` records `key-<from>`.. in scope `scope`, completed, with the given retention.
 pub(crate) async fn bulk(

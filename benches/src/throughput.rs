@@ -106,14 +106,11 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                     None
                 };
                 let addr = own.as_ref().map_or(t.addr, |s| s.served.addr);
-                let s = load::http(
-                    addr,
-                    "/idem",
-                    Keys::Fresh(format!("new-{run_id}").into()),
-                    c,
-                    bounds,
-                )
-                .await;
+                let new_keys = |addr| {
+                    let keys = Keys::Fresh(format!("new-{run_id}").into());
+                    load::http(addr, "/idem", keys, c, bounds)
+                };
+                let s = new_keys(addr).await;
                 put(&mut cells, name, Path::HttpNew, c, s);
                 let s =
                     load::http(addr, "/idem", Keys::Replay(replay_keys.clone()), c, bounds).await;
@@ -123,14 +120,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 }
                 if memory {
                     let held = memory_server(cfg.scale).await;
-                    let s = load::http(
-                        held.served.addr,
-                        "/idem",
-                        Keys::Fresh(format!("new-{run_id}").into()),
-                        c,
-                        bounds,
-                    )
-                    .await;
+                    let s = new_keys(held.served.addr).await;
                     put(&mut cells, name, Path::HttpNewHeld, c, s);
                     held.retire().await;
                 }
@@ -205,16 +195,8 @@ async fn memory_server(held: u64) -> MemoryServer {
     let store = Arc::new(MemoryStore::new());
     if held > 0 {
         let now = SystemClock.now().as_millis();
-        let day = 86_400_000;
-        scale::bulk(
-            &Handle::Memory(store.clone()),
-            "held",
-            0,
-            held,
-            now,
-            now + day,
-        )
-        .await;
+        let handle = Handle::Memory(store.clone());
+        scale::bulk(&handle, "held", 0, held, now, now + scale::DAY_MS).await;
     }
     let served = Served::start(setup::router(Engine::from_arc(store.clone()))).await;
     seed_http(served.addr).await;
@@ -310,7 +292,7 @@ fn d(secs: f64) -> String {
 }
 
 fn print(targets: &[Target], cells: &Cells, held: u64) {
-    let per_second = held as f64 / 86_400.0;
+    let per_second = held as f64 * 1000.0 / scale::DAY_MS as f64;
     let held = count(held);
     println!("\n## HTTP: the same handler plain and with `#[idempotent]`\n");
     println!("Throughput (requests/s), p50 / p99 latency, and throughput as a ratio of the plain handler at the same concurrency. Medians of the rounds.\n");
