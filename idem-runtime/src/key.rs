@@ -6,6 +6,11 @@
 
 use std::fmt;
 
+/// The header that carries the key, as HTTP/2 and the `http` crate spell names. The server side
+/// (`axum::KEY_HEADER`, feature `axum`) and the client (`client::IDEMPOTENCY_KEY`, feature
+/// `client`) name the same constant.
+pub const HEADER: &str = "idempotency-key";
+
 /// The longest key accepted, in characters (Stripe's limit, which clients already honour).
 pub const MAX_KEY_LEN: usize = 255;
 

@@ -124,7 +124,7 @@ pub use problem::ProblemType;
 pub use scope::Scope;
 
 /// The header carrying the client's key (`Idempotency-Key`), as HTTP/2 and `http` spell names.
-pub const KEY_HEADER: &str = "idempotency-key";
+pub const KEY_HEADER: &str = crate::key::HEADER;
 
 /// The header marking a replayed response (value `true`). Fresh responses do not carry it.
 pub const REPLAYED_HEADER: &str = "idempotency-replayed";

@@ -106,7 +106,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The request header that carries the key.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENCY_KEY: &str = crate::key::HEADER;
 
 /// How the key is written in the `Idempotency-Key` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
