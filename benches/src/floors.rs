@@ -1,6 +1,9 @@
 //! Each store's floor: the claim and complete of a new request, and the read of a replay, issued
 //! directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table, raw Redis
-//! commands), beside the same operations through idem's engine (no HTTP).
+//! commands), beside the same operations through idem's engine (no HTTP). Every floor's completion
+//! is fenced, as idem's is: it stores the response only if the record is still the claim's own
+//! in-flight record (the token compared under the map's lock, in the SQL `WHERE`, or by a Redis
+//! script, since Redis 7.0 has no conditional `SET` on a value).
 
 use crate::setup::Handle;
 use bytes::Bytes;
@@ -135,6 +138,42 @@ fn redis_replayed(value: &[u8]) -> bool {
     replays(fp, u16::from_be_bytes(*status), headers, body)
 }
 
+/// The Redis floor's in-flight value: the fingerprint and the claim's token.
+fn redis_in_flight(fp: &[u8; 32], token: i64) -> Vec<u8> {
+    let mut value = Vec::with_capacity(40);
+    value.extend_from_slice(fp);
+    value.extend_from_slice(&token.to_be_bytes());
+    value
+}
+
+/// The Redis floor's claim: `SET … NX` with a day's TTL; whether it claimed.
+async fn redis_claim(
+    conn: &mut redis::aio::ConnectionManager,
+    key: &str,
+    in_flight: &[u8],
+) -> bool {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(in_flight)
+        .arg("NX")
+        .arg("PX")
+        .arg(86_400_000)
+        .query_async::<Option<String>>(conn)
+        .await
+        .is_ok_and(|r| r.is_some())
+}
+
+/// The Redis floor's completion: stores the response if the key still holds this claim's
+/// in-flight value (keeping its TTL); `nil` if not.
+static FENCED_COMPLETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+           return redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') \
+         end \
+         return false",
+    )
+});
+
 /// The direct path to one backend.
 #[derive(Clone)]
 pub(crate) enum Floor {
@@ -249,38 +288,79 @@ impl Floor {
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
                 let k = format!("floor:{key}");
-                let claimed: Result<Option<String>, _> = redis::cmd("SET")
-                    .arg(&k)
-                    .arg(&fp[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(86_400_000)
-                    .query_async(&mut conn)
-                    .await;
-                if !matches!(claimed, Ok(Some(_))) {
+                let in_flight = redis_in_flight(&fp, token);
+                if !redis_claim(&mut conn, &k, &in_flight).await {
                     return false;
                 }
-                redis::cmd("SET")
+                // The fence, as the SQL floors' `WHERE token = … AND state = 'in_flight'`: on
+                // Redis 7.0 a conditional write takes a script.
+                let mut complete = redis::cmd("EVALSHA");
+                complete
+                    .arg(FENCED_COMPLETE.get_hash())
+                    .arg(1)
                     .arg(&k)
-                    .arg(redis_value(&fp, &body))
-                    .arg("XX")
-                    .arg("PX")
-                    .arg(86_400_000)
-                    .query_async::<Option<String>>(&mut conn)
-                    .await
-                    .is_ok_and(|r| r.is_some())
+                    .arg(&in_flight)
+                    .arg(redis_value(&fp, &body));
+                let done = match complete.query_async::<Option<String>>(&mut conn).await {
+                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                        let _ = FENCED_COMPLETE.load_async(&mut conn).await;
+                        complete.query_async::<Option<String>>(&mut conn).await
+                    }
+                    done => done,
+                };
+                done.is_ok_and(|r| r.is_some())
             }
         }
     }
 
-    /// PostgreSQL only: a replay through idem's own claim statement (the read, and the insert branch
-    /// PostgreSQL does not execute when the read finds the record), issued directly on the store's
-    /// pool with the same binds, decoding the same columns as [`replay`](Self::replay). Beside the
-    /// engine, it shows what the framework adds to its statement; beside the bare `SELECT`, what the
-    /// claim-capable statement costs.
-    pub(crate) async fn replay_via_claim_statement(&self, key: &str) -> bool {
-        let Floor::Postgres(pool) = self else {
+    /// Redis only: [`new_request`](Self::new_request) with the completion an unconditional
+    /// `SET … XX`, which would overwrite a record another claim took over. Beside the fenced floor,
+    /// it shows what a conditional write costs on a Redis without `SET … IFEQ` (8.4).
+    pub(crate) async fn new_request_unfenced(&self, key: &str) -> bool {
+        let Floor::Redis(conn) = self else {
             return false;
+        };
+        let mut conn = conn.clone();
+        let fp = fingerprint().0;
+        let k = format!("floor:{key}");
+        if !redis_claim(&mut conn, &k, &redis_in_flight(&fp, 1)).await {
+            return false;
+        }
+        redis::cmd("SET")
+            .arg(&k)
+            .arg(redis_value(&fp, &response().body))
+            .arg("XX")
+            .arg("KEEPTTL")
+            .query_async::<Option<String>>(&mut conn)
+            .await
+            .is_ok_and(|r| r.is_some())
+    }
+
+    /// PostgreSQL and Redis: a replay through the claim idem sends, issued directly. On PostgreSQL,
+    /// idem's own claim statement (the read, and the insert branch PostgreSQL does not execute when
+    /// the read finds the record) on the store's pool with the same binds, decoding the same columns
+    /// as [`replay`](Self::replay); on Redis, `SET … NX GET PX` with the floor's in-flight value,
+    /// decoding the value it returns. Beside the engine, it shows what the framework adds to its
+    /// command; beside the bare read, what a command that can also claim costs.
+    pub(crate) async fn replay_via_claim_statement(&self, key: &str) -> bool {
+        let pool = match self {
+            Floor::Postgres(pool) => pool,
+            Floor::Redis(conn) => {
+                let mut conn = conn.clone();
+                return redis::cmd("SET")
+                    .arg(format!("floor:{key}"))
+                    .arg(redis_in_flight(&fingerprint().0, 1))
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(86_400_000)
+                    .query_async::<Option<Vec<u8>>>(&mut conn)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|value| redis_replayed(&value));
+            }
+            _ => return false,
         };
         let now = now_ms();
         sqlx::query(idem_runtime::store::postgres::CLAIM_STATEMENT)

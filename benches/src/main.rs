@@ -7,9 +7,9 @@
 //! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
 //! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed).
 //! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
-//! statement-replay> [connections] [seconds]` runs one store-level path of the throughput section
-//! alone and prints the CPU per operation of this process and of the store's server processes (from
-//! `/proc`).
+//! statement-replay|floor-new-unfenced> [connections] [seconds]` runs one store-level path of the
+//! throughput section alone and prints the CPU per operation of this process and of the store's
+//! server processes (from `/proc`).
 //!
 //! Settings: `IDEM_BENCH_SECS` (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (3),
 //! `IDEM_BENCH_SCALE` (records for the large scale point, 1000000), `IDEM_BENCH_RSS_KEYS` (1000000)
@@ -195,8 +195,9 @@ fn profile_http(args: &[String]) {
 }
 
 /// `profile-store <store> <path> [connections] [seconds]`: one store-level path of the throughput
-/// section (idem's engine or the direct floor, new keys or replays; on PostgreSQL also idem's claim
-/// statement issued directly, `statement-replay`) on one store, alone. Prints the operations done
+/// section (idem's engine or the direct floor, new keys or replays; on PostgreSQL and Redis also a
+/// replay through idem's claim statement or command issued directly, `statement-replay`; on Redis
+/// also the floor's new request with an unconditional completion, `floor-new-unfenced`) on one store, alone. Prints the operations done
 /// and the CPU each cost in this process and, on Redis and PostgreSQL, in the server's processes
 /// (user + system time from `/proc`): where the time of a path goes, which the throughput ratio
 /// alone does not tell on a machine whose two cores the store shares.
@@ -256,6 +257,13 @@ fn profile_store(args: &[String]) {
                 load::drive(connections, bounds, move |w, n| {
                     let f = floor.clone();
                     async move { f.new_request(&format!("p-{w}-{n}")).await }
+                })
+                .await
+            }
+            "floor-new-unfenced" => {
+                load::drive(connections, bounds, move |w, n| {
+                    let f = floor.clone();
+                    async move { f.new_request_unfenced(&format!("u-{w}-{n}")).await }
                 })
                 .await
             }
