@@ -164,7 +164,7 @@ async fn redis_claim(
 }
 
 /// The Redis floor's completion: stores the response if the key still holds this claim's
-/// in-flight value (keeping its TTL); `nil` if not.
+/// in-flight value (keeping its TTL) and answers `OK`; `nil` if not.
 static FENCED_COMPLETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then \

@@ -9,7 +9,8 @@
 //! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
 //! statement-replay|floor-new-unfenced> [connections] [seconds]` runs one store-level path of the
 //! throughput section alone and prints the CPU per operation of this process and of the store's
-//! server processes (from `/proc`).
+//! server processes (from `/proc`); `statement-replay` is PostgreSQL's and Redis', `floor-new-unfenced`
+//! Redis' only.
 //!
 //! Settings: `IDEM_BENCH_SECS` (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (3),
 //! `IDEM_BENCH_SCALE` (records for the large scale point, 1000000), `IDEM_BENCH_RSS_KEYS` (1000000)
@@ -197,10 +198,11 @@ fn profile_http(args: &[String]) {
 /// `profile-store <store> <path> [connections] [seconds]`: one store-level path of the throughput
 /// section (idem's engine or the direct floor, new keys or replays; on PostgreSQL and Redis also a
 /// replay through idem's claim statement or command issued directly, `statement-replay`; on Redis
-/// also the floor's new request with an unconditional completion, `floor-new-unfenced`) on one store, alone. Prints the operations done
-/// and the CPU each cost in this process and, on Redis and PostgreSQL, in the server's processes
-/// (user + system time from `/proc`): where the time of a path goes, which the throughput ratio
-/// alone does not tell on a machine whose two cores the store shares.
+/// only, the floor's new request with an unconditional completion, `floor-new-unfenced`) on one
+/// store, alone. Prints the operations done and the CPU each cost in this process and, on Redis and
+/// PostgreSQL, in the server's processes (user + system time from `/proc`): where the time of a path
+/// goes, which the throughput ratio alone does not tell on a machine whose two cores the store
+/// shares. A path a store does not have counts every operation as an error.
 fn profile_store(args: &[String]) {
     alloc::stop_counting();
     let store = args.first().map_or("redis", String::as_str).to_owned();

@@ -396,7 +396,7 @@ fn print(targets: &[Target], cells: &Cells, held: u64) {
     }
 
     if targets.iter().any(|t| t.backend == Backend::Redis) {
-        println!("\nEvery floor's completion is fenced, as idem's is: it stores the response only if the record is still the claim's own in-flight record (the token compared under the map's lock or in the SQL `WHERE`; on Redis, whose 7.0 has no `SET` conditional on a value, by a three-line script: `GET`, compare, `SET … KEEPTTL`). The Redis row \"new, against an unfenced floor\" compares the same engine figures with a floor that completes with a plain `SET … XX`, which would overwrite a record another claim took over: the price of the fence on this Redis.");
+        println!("\nEvery floor's completion is fenced, as idem's is: it stores the response only if the record is still the claim's own in-flight record (the token compared under the map's lock or in the SQL `WHERE`; on Redis, whose 7.0 has no `SET` conditional on a value, by a short script: `GET`, compare, `SET … KEEPTTL`). The Redis row \"new, against an unfenced floor\" divides the same engine figures by a floor that completes with a plain `SET … XX`, which would overwrite a record another claim took over; its floor column beside the fenced floor's shows what the fence costs on this Redis.");
     }
 
     let split: Vec<&Target> = targets
