@@ -153,14 +153,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 .await;
                 put(&mut cells, name, Path::EngineReplay, c, s);
 
-                let f = floor.clone();
-                let prefix: Arc<str> = format!("f{run_id}").into();
-                let s = load::drive(c, bounds, move |w, n| {
-                    let f = f.clone();
-                    let prefix = prefix.clone();
-                    async move { f.new_request(&format!("{prefix}-{w}-{n}")).await }
-                })
-                .await;
+                let s = floor_new_keys(&floor, format!("f{run_id}"), Fence::Kept, c, bounds).await;
                 put(&mut cells, name, Path::FloorNew, c, s);
                 let f = floor;
                 let s = load::drive(c, bounds, move |_, n| {
@@ -171,14 +164,8 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 put(&mut cells, name, Path::FloorReplay, c, s);
 
                 if t.backend == Backend::Redis {
-                    let f = t.floor.clone();
-                    let prefix: Arc<str> = format!("u{run_id}").into();
-                    let s = load::drive(c, bounds, move |w, n| {
-                        let f = f.clone();
-                        let prefix = prefix.clone();
-                        async move { f.new_request_unfenced(&format!("{prefix}-{w}-{n}")).await }
-                    })
-                    .await;
+                    let prefix = format!("u{run_id}");
+                    let s = floor_new_keys(&t.floor, prefix, Fence::Dropped, c, bounds).await;
                     put(&mut cells, name, Path::FloorNewUnfenced, c, s);
                 }
                 if matches!(t.backend, Backend::Postgres | Backend::Redis) {
@@ -194,6 +181,37 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
         }
     }
     print(&targets, &cells, cfg.scale);
+}
+
+/// Whether a floor's new request completes only its own claim ([`Floor::new_request`]) or
+/// unconditionally ([`Floor::new_request_unfenced`], Redis only).
+#[derive(Clone, Copy)]
+enum Fence {
+    Kept,
+    Dropped,
+}
+
+/// `floor`'s new requests on fresh keys under `prefix`, from `c` connections.
+async fn floor_new_keys(
+    floor: &Floor,
+    prefix: String,
+    fence: Fence,
+    c: usize,
+    bounds: Bounds,
+) -> Sample {
+    let f = floor.clone();
+    let prefix: Arc<str> = prefix.into();
+    load::drive(c, bounds, move |w, n| {
+        let f = f.clone();
+        let key = format!("{prefix}-{w}-{n}");
+        async move {
+            match fence {
+                Fence::Kept => f.new_request(&key).await,
+                Fence::Dropped => f.new_request_unfenced(&key).await,
+            }
+        }
+    })
+    .await
 }
 
 /// A server on a memory store of its own, for one memory-store HTTP cell.
