@@ -138,6 +138,11 @@ fn redis_replayed(value: &[u8]) -> bool {
     replays(fp, u16::from_be_bytes(*status), headers, body)
 }
 
+/// The Redis floor's key for `key`.
+fn redis_key(key: &str) -> String {
+    format!("floor:{key}")
+}
+
 /// The Redis floor's in-flight value: the fingerprint and the claim's token.
 fn redis_in_flight(fp: &[u8; 32], token: i64) -> Vec<u8> {
     let mut value = Vec::with_capacity(40);
@@ -287,7 +292,7 @@ impl Floor {
             }
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
-                let k = format!("floor:{key}");
+                let k = redis_key(key);
                 let in_flight = redis_in_flight(&fp, token);
                 if !redis_claim(&mut conn, &k, &in_flight).await {
                     return false;
@@ -322,7 +327,7 @@ impl Floor {
         };
         let mut conn = conn.clone();
         let fp = fingerprint().0;
-        let k = format!("floor:{key}");
+        let k = redis_key(key);
         if !redis_claim(&mut conn, &k, &redis_in_flight(&fp, 1)).await {
             return false;
         }
@@ -348,7 +353,7 @@ impl Floor {
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
                 return redis::cmd("SET")
-                    .arg(format!("floor:{key}"))
+                    .arg(redis_key(key))
                     .arg(redis_in_flight(&fingerprint().0, 1))
                     .arg("NX")
                     .arg("GET")
@@ -414,7 +419,7 @@ impl Floor {
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
                 redis::cmd("GET")
-                    .arg(format!("floor:{key}"))
+                    .arg(redis_key(key))
                     .query_async::<Option<Vec<u8>>>(&mut conn)
                     .await
                     .ok()

@@ -256,18 +256,12 @@ fn profile_store(args: &[String]) {
                 .await
             }
             "floor-new" => {
-                load::drive(connections, bounds, move |w, n| {
-                    let f = floor.clone();
-                    async move { f.new_request(&format!("p-{w}-{n}")).await }
-                })
-                .await
+                let fence = throughput::Fence::Kept;
+                throughput::floor_new_keys(&floor, "p".into(), fence, connections, bounds).await
             }
             "floor-new-unfenced" => {
-                load::drive(connections, bounds, move |w, n| {
-                    let f = floor.clone();
-                    async move { f.new_request_unfenced(&format!("u-{w}-{n}")).await }
-                })
-                .await
+                let fence = throughput::Fence::Dropped;
+                throughput::floor_new_keys(&floor, "u".into(), fence, connections, bounds).await
             }
             "floor-replay" => {
                 load::drive(connections, bounds, move |_, n| {

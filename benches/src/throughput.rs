@@ -186,13 +186,13 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
 /// Whether a floor's new request completes only its own claim ([`Floor::new_request`]) or
 /// unconditionally ([`Floor::new_request_unfenced`], Redis only).
 #[derive(Clone, Copy)]
-enum Fence {
+pub(crate) enum Fence {
     Kept,
     Dropped,
 }
 
 /// `floor`'s new requests on fresh keys under `prefix`, from `c` connections.
-async fn floor_new_keys(
+pub(crate) async fn floor_new_keys(
     floor: &Floor,
     prefix: String,
     fence: Fence,

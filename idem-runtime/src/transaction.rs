@@ -139,7 +139,8 @@ pub struct OpenTx<DB: Database> {
 
 /// A store whose records can be claimed inside the application's own transaction: the
 /// PostgreSQL (`store::postgres::PostgresStore`, feature `postgres`) and SQLite
-/// (`store::sqlite::SqliteStore`, feature `sqlite`) stores. Sealed: its methods are idem's internals; use it through [`Transactional`].
+/// (`store::sqlite::SqliteStore`, feature `sqlite`) stores. Sealed: its methods are idem's
+/// internals; use it through [`Transactional`].
 #[async_trait::async_trait]
 pub trait TransactionalStore: Store + sealed::Sealed {
     /// The sqlx database the store lives in.
