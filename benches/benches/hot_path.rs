@@ -15,7 +15,10 @@ const POLICY: Policy = Policy::new().ttl(Duration::from_secs(86_400)).checked();
 fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: vec![("content-type".into(), "application/json".into())],
+        headers: vec![(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
         body: bytes_body(),
     }
 }

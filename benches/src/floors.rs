@@ -6,6 +6,7 @@
 //! script, since Redis 7.0 has no conditional `SET` on a value).
 
 use crate::setup::Handle;
+use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use bytes::Bytes;
 use idem_runtime::policy::Policy;
 use idem_runtime::{Begin, Engine, Fingerprint, RecordKey, StoredResponse};
@@ -25,8 +26,8 @@ pub(crate) fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
         headers: vec![
-            ("content-type".into(), "application/json".into()),
-            ("location".into(), "/payments/123456".into()),
+            (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (LOCATION, HeaderValue::from_static("/payments/123456")),
         ],
         body: Bytes::from_static(
             br#"{"amount":1000,"currency":"KRW","id":123456,"status":"captured"}"#,

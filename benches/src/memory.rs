@@ -37,7 +37,7 @@ pub(crate) async fn bytes_per_record() {
         + r.body.len()
         + r.headers
             .iter()
-            .map(|(n, v)| n.len() + v.len())
+            .map(|(n, v)| n.as_str().len() + v.len())
             .sum::<usize>();
     println!("{RECORDS} completed records (scope `user-1`, 14-byte keys, a 201 with 2 stored headers and a {}-byte body, {payload} bytes of payload per record): **{per:.0} heap bytes per record** (live heap after minus before, requested sizes); **{chunks:.0} bytes** as glibc's malloc lays them out (each allocation plus its 8-byte header, rounded up to 16, at least 32), in **{blocks:.1} allocations** per record (the table and retention index included, averaged).", r.body.len());
     drop(engine);

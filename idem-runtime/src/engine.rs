@@ -405,7 +405,7 @@ pub(crate) enum Found {
 
 /// The order matters: an expired key is dead whatever it held; a different request never sees the
 /// original's response or waits for it. Takes the record by value so that a replay moves the stored
-/// response out instead of copying it (its headers are owned strings).
+/// response out instead of cloning it.
 pub(crate) fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
     let expires_at = record.expires_at;
     if now >= expires_at {

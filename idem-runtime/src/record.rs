@@ -3,6 +3,7 @@
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use std::fmt;
 
 /// A key as stored: the caller's scope plus the client's key. Two scopes never share a record.
@@ -62,27 +63,85 @@ impl FencingToken {
 }
 
 /// The response stored for replay.
+///
+/// The headers are `http`'s own types, checked once when the response is captured: a replay hands
+/// them to the response as they are, and a store that keeps them as bytes (memory, Redis) shares
+/// its buffer with them instead of copying each one into a string of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     /// The HTTP status code.
     pub status: u16,
-    /// Replayable headers, names in lower case.
-    pub headers: Vec<(String, String)>,
+    /// Replayable headers, in the order the handler set them.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body (empty in minimal mode unless the resource id was found).
     pub body: Bytes,
 }
 
 impl StoredResponse {
-    /// Encodes the headers for a text or blob column: a JSON array of `[name, value]` pairs.
+    /// Encodes the headers for a text column: a JSON array of `[name, value]` string pairs.
+    ///
+    /// A value is written as the UTF-8 text its bytes spell. The `#[idempotent]` attribute only
+    /// stores values of visible ASCII; a value built by hand whose bytes are not UTF-8 is written
+    /// with U+FFFD in place of the bytes that are not.
     pub fn encode_headers(&self) -> String {
-        serde_json::to_string(&self.headers).unwrap_or_else(|_| "[]".to_owned())
+        let pairs: Vec<(&str, std::borrow::Cow<'_, str>)> = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), String::from_utf8_lossy(value.as_bytes())))
+            .collect();
+        serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".to_owned())
     }
 
-    /// Decodes [`encode_headers`](Self::encode_headers) output.
-    pub fn decode_headers(s: &str) -> Result<Vec<(String, String)>, serde_json::Error> {
-        serde_json::from_str(s)
+    /// Decodes [`encode_headers`](Self::encode_headers) output. Text that is not such an array, or a
+    /// pair that is not a valid header name and value, is an error: a store reports it as
+    /// [`Corrupt`](crate::store::StoreErrorKind::Corrupt) rather than replay part of a response.
+    ///
+    /// ```
+    /// use idem_runtime::StoredResponse;
+    ///
+    /// let headers = StoredResponse::decode_headers(r#"[["location","/payments/1"]]"#)?;
+    /// assert_eq!(headers[0].0, "location");
+    /// assert_eq!(headers[0].1, "/payments/1");
+    /// assert!(StoredResponse::decode_headers(r#"[["bad name","x"]]"#).is_err());
+    /// # Ok::<(), idem_runtime::record::HeaderDecodeError>(())
+    /// ```
+    pub fn decode_headers(s: &str) -> Result<Vec<(HeaderName, HeaderValue)>, HeaderDecodeError> {
+        let pairs: Vec<(String, String)> =
+            serde_json::from_str(s).map_err(|e| HeaderDecodeError(e.to_string()))?;
+        pairs
+            .into_iter()
+            .map(|(name, value)| header(name.as_bytes(), Bytes::from(value)))
+            .collect()
     }
 }
+
+/// One stored header from its name's bytes and its value's, which the value keeps without a copy.
+pub(crate) fn header(
+    name: &[u8],
+    value: Bytes,
+) -> Result<(HeaderName, HeaderValue), HeaderDecodeError> {
+    let name = HeaderName::from_bytes(name).map_err(|_| {
+        HeaderDecodeError(format!(
+            "{:?} is not a header name",
+            String::from_utf8_lossy(name)
+        ))
+    })?;
+    let value = HeaderValue::from_maybe_shared(value)
+        .map_err(|_| HeaderDecodeError(format!("the value of {name} is not a header value")))?;
+    Ok((name, value))
+}
+
+/// Stored headers that do not decode: see [`StoredResponse::decode_headers`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderDecodeError(String);
+
+impl fmt::Display for HeaderDecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stored headers do not decode: {}", self.0)
+    }
+}
+
+impl std::error::Error for HeaderDecodeError {}
 
 /// Where a record stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,8 +206,52 @@ impl Record {
 
 #[cfg(test)]
 mod tests {
-    use super::FencingToken;
+    use super::{FencingToken, StoredResponse};
+    use http::header::{HeaderName, HeaderValue, ETAG, LOCATION};
     use std::collections::HashSet;
+
+    #[test]
+    fn stored_headers_survive_their_text_column() {
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![
+                (LOCATION, HeaderValue::from_static("/payments/1?a=b&c=\\d")),
+                (ETAG, HeaderValue::from_static("\"v1\"")),
+                (
+                    HeaderName::from_static("x-empty"),
+                    HeaderValue::from_static(""),
+                ),
+                (LOCATION, HeaderValue::from_static("/second")),
+            ],
+            body: Default::default(),
+        };
+        let text = response.encode_headers();
+        assert_eq!(
+            StoredResponse::decode_headers(&text).expect("decodes"),
+            response.headers
+        );
+        // Names are compared as `http` keeps them: lower case, whatever case was stored.
+        let upper = StoredResponse::decode_headers(r#"[["Location","/p"]]"#).expect("decodes");
+        assert_eq!(upper, vec![(LOCATION, HeaderValue::from_static("/p"))]);
+    }
+
+    #[test]
+    fn stored_headers_that_are_not_headers_do_not_decode() {
+        for text in [
+            "",
+            "{}",
+            r#"[["location"]]"#,
+            r#"[["", "x"]]"#,
+            r#"[["bad name", "x"]]"#,
+            r#"[["location", "line\nbreak"]]"#,
+            r#"[["location", "nul\u0000"]]"#,
+        ] {
+            assert!(
+                StoredResponse::decode_headers(text).is_err(),
+                "{text:?} decoded"
+            );
+        }
+    }
 
     #[test]
     fn tokens_are_positive_and_distinct_across_threads() {

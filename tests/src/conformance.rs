@@ -15,6 +15,7 @@
 //! sleeping. Waiting is synchronised on the store's own subscription (a wrapper signals when the
 //! duplicate has subscribed), so no case depends on timing.
 
+use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::store::{Claim, ClaimOutcome, Purge, Subscription};
 use idem_runtime::sweeper::Sweeper;
@@ -88,8 +89,11 @@ pub fn response(tag: &str) -> StoredResponse {
     StoredResponse {
         status: 201,
         headers: vec![
-            ("content-type".into(), "application/json".into()),
-            ("location".into(), format!("/payments/{tag}")),
+            (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (
+                LOCATION,
+                HeaderValue::try_from(format!("/payments/{tag}")).expect("a tag makes a value"),
+            ),
         ],
         body: body.into(),
     }

@@ -187,7 +187,10 @@ struct Origin {
 fn response(origin: Origin, status: u16, case: &str) -> StoredResponse {
     StoredResponse {
         status,
-        headers: vec![("x-exec".into(), origin.exec.to_string())],
+        headers: vec![(
+            http::HeaderName::from_static("x-exec"),
+            http::HeaderValue::from(origin.exec),
+        )],
         body: format!(
             "{case} exec={} scope={} key={} fp={}",
             origin.exec, origin.scope, origin.key, origin.fp

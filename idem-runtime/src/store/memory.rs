@@ -36,6 +36,7 @@ use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse
 use crate::sync::{Mutex, MutexGuard};
 use bytes::Bytes;
 use hashbrown::hash_table::{Entry, HashTable};
+use http::header::{HeaderName, HeaderValue};
 use retention::{Due, Retention};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -171,7 +172,7 @@ impl Head {
 
     /// The record with `headers` and `body` as its response, if completed; the `Record` rules
     /// (`is_forgotten`, `can_take_over`) are applied to this, so that every store shares them.
-    fn record(&self, headers: Vec<(String, String)>, body: Bytes) -> Record {
+    fn record(&self, headers: Vec<(HeaderName, HeaderValue)>, body: Bytes) -> Record {
         Record {
             fingerprint: self.fingerprint,
             token: self.token,
@@ -210,7 +211,7 @@ fn pack(key: &RecordKey, response: Option<&StoredResponse>) -> Bytes {
     let header_bytes: usize = response
         .headers
         .iter()
-        .map(|(name, value)| 8 + name.len() + value.len())
+        .map(|(name, value)| 8 + name.as_str().len() + value.len())
         .sum();
     let len = scope.len() + name.len() + 4 + header_bytes + response.body.len();
     let mut bytes = Vec::with_capacity(len);
@@ -221,8 +222,8 @@ fn pack(key: &RecordKey, response: Option<&StoredResponse>) -> Bytes {
     };
     put_len(&mut bytes, response.headers.len());
     for (name, value) in &response.headers {
-        put_len(&mut bytes, name.len());
-        bytes.extend_from_slice(name.as_bytes());
+        put_len(&mut bytes, name.as_str().len());
+        bytes.extend_from_slice(name.as_str().as_bytes());
         put_len(&mut bytes, value.len());
         bytes.extend_from_slice(value.as_bytes());
     }
@@ -263,7 +264,8 @@ impl Slot {
         std::mem::replace(&mut self.bytes, bytes)
     }
 
-    /// The record as stored, its response (if completed) rebuilt from the bytes.
+    /// The record as stored, its response (if completed) rebuilt from the bytes: the header values
+    /// and the body share the packed buffer, and a standard header's name is `http`'s constant.
     fn record(&self) -> Record {
         match self.head.state {
             HeadState::InFlight { .. } => self.head.view(),
@@ -271,7 +273,13 @@ impl Slot {
                 let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
                 let count = take_len(&mut rest);
                 let headers = (0..count)
-                    .map(|_| (take_str(&mut rest), take_str(&mut rest)))
+                    .filter_map(|_| {
+                        let name = take(&mut rest);
+                        let value = self.bytes.slice_ref(take(&mut rest));
+                        // Packed from checked headers, so this holds; a pair that did not would be
+                        // left out rather than panic.
+                        crate::record::header(name, value).ok()
+                    })
                     .collect();
                 self.head.record(headers, self.bytes.slice_ref(rest))
             }
@@ -286,13 +294,12 @@ fn take_len(rest: &mut &[u8]) -> usize {
     u32::from_le_bytes(*len) as usize
 }
 
-/// Reads a string written by [`pack`] (its length, then its bytes) off the front of `rest`.
-fn take_str(rest: &mut &[u8]) -> String {
+/// Reads the bytes written by [`pack`] (their length, then themselves) off the front of `rest`.
+fn take<'a>(rest: &mut &'a [u8]) -> &'a [u8] {
     let len = take_len(rest).min(rest.len());
-    let (s, tail) = rest.split_at(len);
+    let (bytes, tail) = rest.split_at(len);
     *rest = tail;
-    // Written from a `String`, so valid UTF-8; the lossy fallback only keeps this panic-free.
-    std::str::from_utf8(s).map_or_else(|_| String::from_utf8_lossy(s).into_owned(), str::to_owned)
+    bytes
 }
 
 impl Inner {
@@ -560,6 +567,7 @@ impl Purge for MemoryStore {
 mod tests {
     use super::*;
     use crate::fingerprint::Fingerprint;
+    use http::header::{CONTENT_TYPE, LOCATION};
 
     fn at(ms: i64) -> Timestamp {
         Timestamp::from_millis(ms)
@@ -644,7 +652,7 @@ mod tests {
         // Completing finds the record by key and token; a completed record cannot be released.
         let response = StoredResponse {
             status: 201,
-            headers: vec![("location".into(), "/a".into())],
+            headers: vec![(LOCATION, HeaderValue::from_static("/a"))],
             body: "done".into(),
         };
         store
@@ -719,9 +727,16 @@ mod tests {
         let response = StoredResponse {
             status: 201,
             headers: vec![
-                ("location".into(), "/payments/\u{e9}t\u{e9}".into()),
-                ("x-empty".into(), String::new()),
-                ("content-type".into(), "application/json".into()),
+                // Not visible ASCII (obs-text): kept byte for byte all the same.
+                (
+                    LOCATION,
+                    HeaderValue::from_bytes("/payments/\u{e9}t\u{e9}".as_bytes()).expect("a value"),
+                ),
+                (
+                    HeaderName::from_static("x-empty"),
+                    HeaderValue::from_static(""),
+                ),
+                (CONTENT_TYPE, HeaderValue::from_static("application/json")),
             ],
             body: vec![0, 1, 255, b'{'].into(),
         };
@@ -770,7 +785,7 @@ mod tests {
         assert!(matches!(renewed.state, RecordState::InFlight { .. }));
         let fresh = StoredResponse {
             status: 200,
-            headers: vec![("location".into(), "/b".into())],
+            headers: vec![(LOCATION, HeaderValue::from_static("/b"))],
             body: "second".into(),
         };
         store.complete(&a, FencingToken(3), &fresh).await.unwrap();

@@ -15,7 +15,8 @@
 //! done only:
 //!     75      2  status
 //!     77      4  number of headers n
-//!     81         n times: name length (4), name (UTF-8), value length (4), value (UTF-8)
+//!     81         n times: name length (4), name (a header name, lower case), value length (4),
+//!                value (a header value's bytes)
 //!      …         the body: every byte to the end
 //! ```
 //!
@@ -31,6 +32,7 @@ use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordState, StoredResponse};
 use ::redis::{RedisWrite, ToRedisArgs};
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use std::io;
 
 /// The layout version this module writes and reads.
@@ -115,7 +117,7 @@ impl<'a> Response<'a> {
             && response
                 .headers
                 .iter()
-                .all(|(name, value)| fits(name.len()) && fits(value.len()))
+                .all(|(name, value)| fits(name.as_str().len()) && fits(value.len()))
         {
             Ok(Self(response))
         } else {
@@ -131,7 +133,7 @@ impl<'a> Response<'a> {
             .0
             .headers
             .iter()
-            .map(|(name, value)| 8 + name.len() + value.len())
+            .map(|(name, value)| 8 + name.as_str().len() + value.len())
             .sum::<usize>()
             + self.0.body.len()
     }
@@ -143,8 +145,8 @@ impl<'a> Response<'a> {
         out.write_all(&r.status.to_be_bytes())?;
         out.write_all(&len(r.headers.len()))?;
         for (name, value) in &r.headers {
-            out.write_all(&len(name.len()))?;
-            out.write_all(name.as_bytes())?;
+            out.write_all(&len(name.as_str().len()))?;
+            out.write_all(name.as_str().as_bytes())?;
             out.write_all(&len(value.len()))?;
             out.write_all(value.as_bytes())?;
         }
@@ -198,6 +200,8 @@ pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
         },
         IN_FLIGHT => return Err(corrupt("bytes after an in-flight record's header")),
         DONE => {
+            // The header values and the body share the blob's allocation instead of copying it.
+            let blob = Bytes::from(blob);
             let Tail {
                 status,
                 headers,
@@ -207,8 +211,7 @@ pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
                 response: StoredResponse {
                     status,
                     headers,
-                    // The body is the blob's tail: share the allocation instead of copying it.
-                    body: Bytes::from(blob).slice(body_at..),
+                    body: blob.slice(body_at..),
                 },
             }
         }
@@ -227,12 +230,12 @@ pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
 /// What follows a completed record's header, up to its body.
 struct Tail {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: Vec<(HeaderName, HeaderValue)>,
     /// Where the body starts in the blob.
     body_at: usize,
 }
 
-fn decode_tail(blob: &[u8]) -> Result<Tail, StoreError> {
+fn decode_tail(blob: &Bytes) -> Result<Tail, StoreError> {
     let mut rest = &blob[HEADER_LEN..];
     let status = u16::from_be_bytes(take::<2>(&mut rest, "status")?);
     let count = u32::from_be_bytes(take::<4>(&mut rest, "header count")?);
@@ -242,9 +245,9 @@ fn decode_tail(blob: &[u8]) -> Result<Tail, StoreError> {
     }
     let mut headers = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let name = text(&mut rest, "header name")?;
-        let value = text(&mut rest, "header value")?;
-        headers.push((name, value));
+        let name = field(&mut rest, "header name")?;
+        let value = blob.slice_ref(field(&mut rest, "header value")?);
+        headers.push(crate::record::header(name, value).map_err(|e| corrupt(e.to_string()))?);
     }
     Ok(Tail {
         status,
@@ -261,13 +264,14 @@ fn take<const N: usize>(rest: &mut &[u8], what: &str) -> Result<[u8; N], StoreEr
     Ok(*head)
 }
 
-fn text(rest: &mut &[u8], what: &str) -> Result<String, StoreError> {
+/// A length-prefixed field off the front of `rest`.
+fn field<'a>(rest: &mut &'a [u8], what: &str) -> Result<&'a [u8], StoreError> {
     let len = u32::from_be_bytes(take::<4>(rest, what)?) as usize;
     let Some((bytes, tail)) = rest.split_at_checked(len) else {
         return Err(corrupt(format!("truncated {what}")));
     };
     *rest = tail;
-    String::from_utf8(bytes.to_vec()).map_err(|e| corrupt(format!("{what}: {e}")))
+    Ok(bytes)
 }
 
 fn corrupt(why: impl Into<String>) -> StoreError {
@@ -295,9 +299,16 @@ mod tests {
         StoredResponse {
             status: 201,
             headers: vec![
-                ("location".into(), "/p/1".into()),
-                ("x-empty".into(), String::new()),
-                ("x-한글".into(), "값".into()),
+                (http::header::LOCATION, HeaderValue::from_static("/p/1")),
+                (
+                    HeaderName::from_static("x-empty"),
+                    HeaderValue::from_static(""),
+                ),
+                (
+                    HeaderName::from_static("x-obs-text"),
+                    HeaderValue::from_bytes(&[0xea, 0xb0, 0x92, 0xff])
+                        .expect("obs-text is a value"),
+                ),
             ],
             body: Bytes::from_static(&[0, 255, b'{', b'}']),
         }
@@ -403,17 +414,38 @@ mod tests {
         assert!(is_corrupt(with(HEADER_LEN + 2, 0xff)));
         // A name length running past the end.
         assert!(is_corrupt(with(HEADER_LEN + 6, 0xff)));
-        // A header name that is not UTF-8 ("location" starts at HEADER_LEN + 10).
+        // A header name that is not one: a byte no name has, then a space ("location" starts at
+        // HEADER_LEN + 10); and a value with a control character (the first value at + 22).
         assert!(is_corrupt(with(HEADER_LEN + 10, 0xff)));
+        assert!(is_corrupt(with(HEADER_LEN + 10, b' ')));
+        assert!(is_corrupt(with(HEADER_LEN + 22, b'\n')));
         for cut in HEADER_LEN + 1..HEADER_LEN + 20 {
             assert!(is_corrupt(value[..cut].to_vec()), "truncated at {cut}");
         }
     }
 
+    /// Any header `http` accepts: a lower-case token for the name, and for the value any bytes but
+    /// the control characters (tab aside), obs-text included.
+    fn any_header() -> impl Strategy<Value = (HeaderName, HeaderValue)> {
+        let value_byte = any::<u8>().prop_filter("a value byte", |b| {
+            *b == b'\t' || (*b >= 0x20 && *b != 0x7f)
+        });
+        (
+            "[a-z0-9!#$%&'*+.^_`|~-]{1,12}",
+            proptest::collection::vec(value_byte, 0..24),
+        )
+            .prop_map(|(name, value)| {
+                (
+                    HeaderName::from_bytes(name.as_bytes()).expect("a token is a name"),
+                    HeaderValue::from_bytes(&value).expect("no control character"),
+                )
+            })
+    }
+
     fn any_record() -> impl Strategy<Value = Record> {
         let response = (
             any::<u16>(),
-            proptest::collection::vec((".{0,12}", ".{0,24}"), 0..4),
+            proptest::collection::vec(any_header(), 0..4),
             proptest::collection::vec(any::<u8>(), 0..64),
         )
             .prop_map(|(status, headers, body)| StoredResponse {
