@@ -302,4 +302,48 @@ mod tests {
         expected.extend((0..CHUNK as u64 + 10).filter(|s| s % 2 == 0));
         assert_eq!(kept, expected);
     }
+
+    proptest::proptest! {
+        /// Against a sorted set: whatever the pushes (any length, the clock stepping either way),
+        /// compactions and pops, `pop_due` returns an entry exactly when one is due, and the one
+        /// whose retention ends first.
+        #[test]
+        fn pop_due_agrees_with_a_sorted_set(
+            ops in proptest::collection::vec((0u8..4, -50i64..200, 0i64..120), 1..300),
+        ) {
+            let mut index = Retention::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (seq, (op, now, length)) in ops.into_iter().enumerate() {
+                let seq = seq as u64;
+                match op {
+                    0 | 1 => {
+                        index.push(at(now), due(now + length, seq));
+                        model.insert((now + length, seq));
+                    }
+                    2 => {
+                        let keep = |s: u64| s % 3 != length as u64 % 3;
+                        index.retain(|d| keep(d.seq));
+                        model.retain(|&(_, s)| keep(s));
+                    }
+                    _ => {
+                        let first = model.first().copied().filter(|&(end, _)| end <= now);
+                        match (index.pop_due(at(now)), first) {
+                            (None, None) => {}
+                            (Some(got), Some((end, _))) => {
+                                proptest::prop_assert_eq!(got.retain_until, at(end));
+                                proptest::prop_assert!(
+                                    model.remove(&(end, got.seq)),
+                                    "popped an entry the model does not hold"
+                                );
+                            }
+                            (got, want) => proptest::prop_assert!(
+                                false,
+                                "at {now}: popped {got:?}, the earliest due is {want:?}"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
