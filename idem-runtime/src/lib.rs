@@ -53,6 +53,10 @@ pub use transaction::{Transactional, Tx};
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use sqlx;
 
+/// The `http` crate whose header types a [`StoredResponse`] holds, so that code building or reading
+/// one names the same version.
+pub use http;
+
 /// The `redis` crate this version of idem uses, so that applications name the same version.
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

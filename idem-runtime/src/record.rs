@@ -4,6 +4,7 @@ use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
+use std::borrow::Cow;
 use std::fmt;
 
 /// A key as stored: the caller's scope plus the client's key. Two scopes never share a record.
@@ -64,14 +65,15 @@ impl FencingToken {
 
 /// The response stored for replay.
 ///
-/// The headers are `http`'s own types, checked once when the response is captured: a replay hands
-/// them to the response as they are, and a store that keeps them as bytes (memory, Redis) shares
-/// its buffer with them instead of copying each one into a string of its own.
+/// The headers are `http`'s own types (re-exported as [`idem_runtime::http`](crate::http)),
+/// checked once when the response is captured: a replay hands them to the response as they are,
+/// and a store that keeps them as bytes (memory, Redis) shares its buffer with them instead of
+/// copying each one into a string of its own. Every store keeps every value byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     /// The HTTP status code.
     pub status: u16,
-    /// Replayable headers, in the order the handler set them.
+    /// Replayable headers, in the order `http`'s `HeaderMap` yields them (a name's values together).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body (empty in minimal mode unless the resource id was found).
     pub body: Bytes,
@@ -80,14 +82,14 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// Encodes the headers for a text column: a JSON array of `[name, value]` string pairs.
     ///
-    /// A value is written as the UTF-8 text its bytes spell. The `#[idempotent]` attribute only
-    /// stores values of visible ASCII; a value built by hand whose bytes are not UTF-8 is written
-    /// with U+FFFD in place of the bytes that are not.
+    /// A value is written as ISO-8859-1 text, each byte the character of that code point, as
+    /// HTTP/1.1 first defined header text: a value of visible ASCII (all that most responses carry)
+    /// is written as it is, and one with other bytes (obs-text) still comes back byte for byte.
     pub fn encode_headers(&self) -> String {
-        let pairs: Vec<(&str, std::borrow::Cow<'_, str>)> = self
+        let pairs: Vec<(&str, Cow<'_, str>)> = self
             .headers
             .iter()
-            .map(|(name, value)| (name.as_str(), String::from_utf8_lossy(value.as_bytes())))
+            .map(|(name, value)| (name.as_str(), latin1(value.as_bytes())))
             .collect();
         serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".to_owned())
     }
@@ -110,9 +112,42 @@ impl StoredResponse {
             serde_json::from_str(s).map_err(|e| HeaderDecodeError(e.to_string()))?;
         pairs
             .into_iter()
-            .map(|(name, value)| header(name.as_bytes(), Bytes::from(value)))
+            .map(|(name, value)| {
+                let value = if value.is_ascii() {
+                    Bytes::from(value)
+                } else {
+                    value
+                        .chars()
+                        .map(u8::try_from)
+                        .collect::<Result<Vec<u8>, _>>()
+                        .map_err(|_| {
+                            HeaderDecodeError(format!(
+                                "the value of {} holds a character beyond ISO-8859-1",
+                                shown(name.as_bytes())
+                            ))
+                        })?
+                        .into()
+                };
+                header(name.as_bytes(), value)
+            })
             .collect()
     }
+}
+
+/// `bytes` as ISO-8859-1 text: borrowed when they are ASCII.
+fn latin1(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(ascii) if bytes.is_ascii() => Cow::Borrowed(ascii),
+        _ => Cow::Owned(bytes.iter().map(|&b| char::from(b)).collect()),
+    }
+}
+
+/// At most the first 64 bytes of a stored name, for an error message (a corrupt length may
+/// claim gigabytes).
+fn shown(name: &[u8]) -> String {
+    let cut = &name[..name.len().min(64)];
+    let more = if name.len() > cut.len() { "…" } else { "" };
+    format!("{:?}{more}", String::from_utf8_lossy(cut))
 }
 
 /// One stored header from its name's bytes and its value's, which the value keeps without a copy.
@@ -120,12 +155,8 @@ pub(crate) fn header(
     name: &[u8],
     value: Bytes,
 ) -> Result<(HeaderName, HeaderValue), HeaderDecodeError> {
-    let name = HeaderName::from_bytes(name).map_err(|_| {
-        HeaderDecodeError(format!(
-            "{:?} is not a header name",
-            String::from_utf8_lossy(name)
-        ))
-    })?;
+    let name = HeaderName::from_bytes(name)
+        .map_err(|_| HeaderDecodeError(format!("{} is not a header name", shown(name))))?;
     let value = HeaderValue::from_maybe_shared(value)
         .map_err(|_| HeaderDecodeError(format!("the value of {name} is not a header value")))?;
     Ok((name, value))
@@ -236,6 +267,32 @@ mod tests {
     }
 
     #[test]
+    fn a_value_of_any_bytes_survives_the_text_column() {
+        let every_byte: Vec<u8> = (0u8..=255)
+            .filter(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+            .collect();
+        let response = StoredResponse {
+            status: 200,
+            headers: vec![(
+                HeaderName::from_static("x-bytes"),
+                HeaderValue::from_bytes(&every_byte).expect("no control character"),
+            )],
+            body: Default::default(),
+        };
+        let text = response.encode_headers();
+        assert_eq!(
+            StoredResponse::decode_headers(&text).expect("decodes"),
+            response.headers
+        );
+        // Visible ASCII is written as it is.
+        let plain = StoredResponse {
+            headers: vec![(LOCATION, HeaderValue::from_static("/p/1"))],
+            ..response
+        };
+        assert_eq!(plain.encode_headers(), r#"[["location","/p/1"]]"#);
+    }
+
+    #[test]
     fn stored_headers_that_are_not_headers_do_not_decode() {
         for text in [
             "",
@@ -245,6 +302,8 @@ mod tests {
             r#"[["bad name", "x"]]"#,
             r#"[["location", "line\nbreak"]]"#,
             r#"[["location", "nul\u0000"]]"#,
+            // A character beyond ISO-8859-1 is no byte of a header value.
+            r#"[["location", "값"]]"#,
         ] {
             assert!(
                 StoredResponse::decode_headers(text).is_err(),

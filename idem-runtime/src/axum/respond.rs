@@ -195,15 +195,12 @@ fn is_replayable(name: &HeaderName, policy: &Policy) -> bool {
                 .any(|h| h.eq_ignore_ascii_case(name.as_str())))
 }
 
-/// Status, replayable headers (values that are not visible ASCII are skipped: they could not be
-/// stored as text), and the body.
+/// Status, replayable headers (every value byte for byte, obs-text included), and the body.
 fn full(parts: &Parts, body: Bytes, policy: &Policy) -> StoredResponse {
     let headers = parts
         .headers
         .iter()
         .filter(|(name, _)| is_replayable(name, policy))
-        // Visible ASCII only, the values every store keeps as they are (the SQL stores keep text).
-        .filter(|(_, value)| value.to_str().is_ok())
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     StoredResponse {
@@ -219,7 +216,6 @@ fn minimal(parts: &Parts, body: Option<&Bytes>) -> StoredResponse {
         .headers
         .get_all(LOCATION)
         .iter()
-        .filter(|value| value.to_str().is_ok())
         .map(|value| (LOCATION, value.clone()))
         .collect();
     let id = body
@@ -362,6 +358,26 @@ mod tests {
         for name in &ALWAYS_REPLAYED {
             assert!(!NEVER_REPLAYED.contains(name), "{name}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_value_that_is_not_visible_ascii_is_stored_and_replayed_byte_for_byte() {
+        const POLICY: Policy = Policy::new().replay_headers(&["x-a"]);
+        let obs_text = HeaderValue::from_bytes(b"caf\xe9").expect("obs-text is a value");
+        let mut fresh = response(r#"{"id":7}"#);
+        fresh.headers_mut().insert("x-a", obs_text.clone());
+        let (stored, _) = capture(fresh, &POLICY).await;
+        let kept: Vec<_> = stored.headers.iter().filter(|(n, _)| n == "x-a").collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].1, obs_text);
+        // The SQL stores' text column keeps it too.
+        let text = stored.encode_headers();
+        assert_eq!(
+            StoredResponse::decode_headers(&text).expect("decodes"),
+            stored.headers
+        );
+        let replayed = replay(stored, Timestamp::from_millis(0));
+        assert_eq!(replayed.headers()["x-a"].as_bytes(), b"caf\xe9");
     }
 
     #[tokio::test]

@@ -23,8 +23,9 @@
 //! response's headers and body (`pack`): a record is two allocations (slot and bytes) however many
 //! headers it stores, where keeping the key and response as they arrive kept one per string (nine
 //! for a 201 with two headers). Fewer, exactly sized allocations that live for a day are what keeps
-//! the heap of a busy store compact. A replay rebuilds the header strings and shares the body; the
-//! first replay of a record with a body adds the 24-byte header through which `Bytes` shares it.
+//! the heap of a busy store compact. A replay's header values and body are slices of those bytes
+//! (a standard header's name is `http`'s constant); the first replay of a record that stored any
+//! value or body adds the 24-byte header through which `Bytes` shares them.
 //! The head is the record without the response's headers and body; the rules every store shares
 //! ([`Record::is_forgotten`], [`Record::can_take_over`]) run on a `Record` built from it, which
 //! allocates nothing.
@@ -266,22 +267,22 @@ impl Slot {
 
     /// The record as stored, its response (if completed) rebuilt from the bytes: the header values
     /// and the body share the packed buffer, and a standard header's name is `http`'s constant.
-    fn record(&self) -> Record {
+    /// The bytes were packed from checked headers, so decoding them fails only if memory is
+    /// damaged; it then reports the record corrupt, as every store does, rather than replay part
+    /// of a response.
+    fn record(&self) -> Result<Record, StoreError> {
         match self.head.state {
-            HeadState::InFlight { .. } => self.head.view(),
+            HeadState::InFlight { .. } => Ok(self.head.view()),
             HeadState::Completed { .. } => {
                 let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
                 let count = take_len(&mut rest);
-                let headers = (0..count)
-                    .filter_map(|_| {
-                        let name = take(&mut rest);
-                        let value = self.bytes.slice_ref(take(&mut rest));
-                        // Packed from checked headers, so this holds; a pair that did not would be
-                        // left out rather than panic.
-                        crate::record::header(name, value).ok()
-                    })
-                    .collect();
-                self.head.record(headers, self.bytes.slice_ref(rest))
+                let mut headers = Vec::with_capacity(count.min(rest.len() / 8));
+                for _ in 0..count {
+                    let name = take(&mut rest);
+                    let value = self.bytes.slice_ref(take(&mut rest));
+                    headers.push(crate::record::header(name, value).map_err(StoreError::corrupt)?);
+                }
+                Ok(self.head.record(headers, self.bytes.slice_ref(rest)))
             }
         }
     }
@@ -456,7 +457,7 @@ impl Store for MemoryStore {
                 let current = slot.head.view();
                 if !current.is_forgotten(claim.now) {
                     if !current.can_take_over(claim) {
-                        return Ok(ClaimOutcome::Existing(slot.record()));
+                        return slot.record().map(ClaimOutcome::Existing);
                     }
                     slot.head.token = claim.token;
                     slot.head.state = HeadState::InFlight {
@@ -525,11 +526,11 @@ impl Store for MemoryStore {
 
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         let hash = self.hash(key);
-        Ok(self
-            .shard(hash)
+        self.shard(hash)
             .find(hash, key)
             .filter(|slot| !slot.head.view().is_forgotten(now))
-            .map(Slot::record))
+            .map(Slot::record)
+            .transpose()
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {

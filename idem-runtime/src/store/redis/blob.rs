@@ -162,8 +162,8 @@ impl ToRedisArgs for Response<'_> {
 }
 
 /// Decodes a stored record; any bytes that are not one [`encode`] could have written (or
-/// `complete.lua` made of one) are [`Corrupt`](super::super::StoreErrorKind::Corrupt). The body is
-/// sliced out of `blob` without a copy.
+/// `complete.lua` made of one) are [`Corrupt`](super::super::StoreErrorKind::Corrupt). The header
+/// values and the body are sliced out of `blob` without a copy.
 pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
     let Some(header) = blob.first_chunk::<HEADER_LEN>() else {
         return Err(corrupt(format!(
