@@ -15,7 +15,7 @@
 //! sleeping. Waiting is synchronised on the store's own subscription (a wrapper signals when the
 //! duplicate has subscribed), so no case depends on timing.
 
-use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
+use axum::http::header::{HeaderName, HeaderValue, CONTENT_TYPE, LOCATION};
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::store::{Claim, ClaimOutcome, Purge, Subscription};
 use idem_runtime::sweeper::Sweeper;
@@ -82,7 +82,8 @@ pub fn fp(body: &str) -> Fingerprint {
     )
 }
 
-/// A response with a binary body and a few headers, to check round trips.
+/// A response with a binary body and a few headers, one of them obs-text (bytes beyond visible
+/// ASCII, which every store must keep byte for byte), to check round trips.
 pub fn response(tag: &str) -> StoredResponse {
     let mut body = tag.as_bytes().to_vec();
     body.extend_from_slice(&[0, 159, 146, 150, 255]);
@@ -93,6 +94,10 @@ pub fn response(tag: &str) -> StoredResponse {
             (
                 LOCATION,
                 HeaderValue::try_from(format!("/payments/{tag}")).expect("a tag makes a value"),
+            ),
+            (
+                HeaderName::from_static("x-obs-text"),
+                HeaderValue::from_bytes(b"caf\xe9 \xff").expect("obs-text is a value"),
             ),
         ],
         body: body.into(),
