@@ -9,7 +9,7 @@ use crate::setup::Handle;
 use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use bytes::Bytes;
 use idem_runtime::policy::Policy;
-use idem_runtime::{Begin, Engine, Fingerprint, RecordKey, StoredResponse};
+use idem_runtime::{Begin, Engine, FencingToken, Fingerprint, RecordKey, StoredResponse};
 use sqlx::Row;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -209,7 +209,8 @@ impl Floor {
     /// Claim (insert if absent) then complete (store the response under the token).
     pub(crate) async fn new_request(&self, key: &str) -> bool {
         let fp = fingerprint().0;
-        let token = key.len() as i64 * 7919 + 1;
+        // A fresh token per claim, drawn as idem draws its own, so the fence tells two claims apart.
+        let token = FencingToken::generate().0;
         let now = now_ms();
         let body = response().body;
         match self {
