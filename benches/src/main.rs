@@ -5,7 +5,9 @@
 //! `all` (default), `memory`, `throughput`, `roundtrips`, `contention`, `scale`, `rss`.
 //! `profile <plain|new|replay> <n>` sends `n` in-process requests (for callgrind);
 //! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
-//! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed).
+//! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed);
+//! with `IDEM_BENCH_HELD=<n>` the store first holds `n` completed records, as the throughput
+//! section's "records held" cells do.
 //! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
 //! statement-replay|floor-new-unfenced> [connections] [seconds]` runs one store-level path of the
 //! throughput section alone and prints the CPU per operation of this process and of the store's
@@ -161,7 +163,14 @@ fn profile_http(args: &[String]) {
     let connections = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(16);
     let secs = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(5);
     multi_thread().block_on(async move {
-        let engine = idem_runtime::Engine::new(idem_runtime::store::memory::MemoryStore::new());
+        let store = std::sync::Arc::new(idem_runtime::store::memory::MemoryStore::new());
+        let held: u64 = report::env("IDEM_BENCH_HELD", 0);
+        if held > 0 {
+            let now = idem_runtime::clock::Clock::now(&idem_runtime::clock::SystemClock).as_millis();
+            let handle = setup::Handle::Memory(store.clone());
+            scale::bulk(&handle, "held", 0, held, now, now + scale::DAY_MS).await;
+        }
+        let engine = idem_runtime::Engine::from_arc(store);
         let addr = setup::serve(setup::router(engine)).await;
         let (route, keys) = match path.as_str() {
             "plain" => ("/plain", load::Keys::Fresh("plain".into())),

@@ -16,7 +16,7 @@ pub(crate) struct Config {
     pub(crate) rss_keys: u64,
 }
 
-fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub(crate) fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.trim().replace('_', "").parse().ok())
