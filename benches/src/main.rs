@@ -5,9 +5,9 @@
 //! `all` (default), `memory`, `throughput`, `roundtrips`, `contention`, `scale`, `rss`.
 //! `profile <plain|new|replay> <n>` sends `n` in-process requests (for callgrind);
 //! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
-//! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed);
-//! with `IDEM_BENCH_HELD=<n>` the store first holds `n` completed records, as the throughput
-//! section's "records held" cells do.
+//! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed;
+//! it prints the CPU per request of the load itself too); with `IDEM_BENCH_HELD=<n>` the store first
+//! holds `n` completed records, as the throughput section's "records held" cells do.
 //! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
 //! statement-replay|floor-new-unfenced> [connections] [seconds]` runs one store-level path of the
 //! throughput section alone and prints the CPU per operation of this process and of the store's
@@ -156,7 +156,10 @@ fn multi_thread() -> tokio::runtime::Runtime {
 
 /// `profile-http <plain|new|replay> [connections] [seconds]`: one HTTP path on the memory store,
 /// for `perf record` / `perf stat` over the whole process (server and load generator). Prints the
-/// requests served, so that counts can be divided per request.
+/// requests served, so that counts can be divided per request, and the CPU the load itself took per
+/// request. With `IDEM_BENCH_HELD=<n>` the store first holds `n` completed records; filling it takes
+/// CPU that `perf stat` counts too (the line printed says how much), so divide that out or use
+/// `perf stat --delay`.
 fn profile_http(args: &[String]) {
     alloc::stop_counting();
     let path = args.first().map_or("new", String::as_str).to_owned();
@@ -165,11 +168,9 @@ fn profile_http(args: &[String]) {
     multi_thread().block_on(async move {
         let store = std::sync::Arc::new(idem_runtime::store::memory::MemoryStore::new());
         let held: u64 = report::env("IDEM_BENCH_HELD", 0);
-        if held > 0 {
-            let now = idem_runtime::clock::Clock::now(&idem_runtime::clock::SystemClock).as_millis();
-            let handle = setup::Handle::Memory(store.clone());
-            scale::bulk(&handle, "held", 0, held, now, now + scale::DAY_MS).await;
-        }
+        let fill_cpu = process_cpu();
+        throughput::hold(&store, held).await;
+        let fill_cpu = process_cpu() - fill_cpu;
         let engine = idem_runtime::Engine::from_arc(store);
         let addr = setup::serve(setup::router(engine)).await;
         let (route, keys) = match path.as_str() {
@@ -189,14 +190,18 @@ fn profile_http(args: &[String]) {
             time: std::time::Duration::from_secs(secs),
             requests: u64::MAX,
         };
+        let load_cpu = process_cpu();
         let s = load::http(addr, route, keys, connections, bounds).await;
+        let load_cpu = process_cpu() - load_cpu;
         println!(
-            "{path}: {} requests in {:?} on {connections} connections ({:.0} req/s, p50 {:?}), {} errors",
+            "{path}: {} requests in {:?} on {connections} connections ({:.0} req/s, p50 {:?}), {} errors; \
+             CPU per request {:.2} µs; store holding {held} records beforehand (filled in {fill_cpu:.2} s of CPU)",
             s.ok,
             s.elapsed,
             s.throughput(),
             s.p50(),
-            s.errors
+            s.errors,
+            load_cpu * 1e6 / s.ok.max(1) as f64,
         );
         // Exit without dropping the server: freeing hundreds of thousands of stored records takes a
         // noticeable share of the run's CPU, which `perf stat` would otherwise charge to the requests.
