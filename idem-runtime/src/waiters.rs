@@ -8,32 +8,21 @@
 //! The primitive is small on purpose, so that `tests/loom.rs` can check it under every interleaving:
 //! one mutex over a map from key to entry; an entry holds a generation (bumped by every notify), the
 //! number of live subscriptions (the entry goes when the last one drops) and the wakers of pending
-//! [`Subscription::changed`] futures. Beside the mutex, a count of the keys that have an entry lets
-//! a notify with nobody waiting (nearly every completion) return without taking the mutex. A subscription remembers the generation it last saw, so a
+//! [`Subscription::changed`] futures. A subscription remembers the generation it last saw, so a
 //! notify between subscribing and awaiting is not lost: `changed` then resolves at once.
 
 use crate::record::RecordKey;
-use crate::sync::{Arc, AtomicUsize, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
 
 /// The per-key wake-up registry of one store.
 pub struct Waiters {
-    shared: Arc<Shared>,
-}
-
-/// What the registry and its subscriptions share.
-struct Shared {
-    registry: Mutex<Registry>,
-    /// How many keys have an entry: changed only under the lock, with the entry's insertion or
-    /// removal; read without it by [`Waiters::notify`], so that a completion nobody waits for (nearly
-    /// all of them) does not take the one lock every key of the store shares.
-    keys: AtomicUsize,
+    registry: Arc<Mutex<Registry>>,
 }
 
 #[derive(Default)]
@@ -79,11 +68,8 @@ impl Entry {
 /// Every critical section is a few map and vector operations that leave the registry consistent at
 /// each step, so a panic elsewhere while the lock was held (a waker's `clone`) cannot leave it half
 /// written and the poison can be ignored.
-fn lock(shared: &Shared) -> MutexGuard<'_, Registry> {
-    shared
-        .registry
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    registry.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn wake(wakers: Vec<Waker>) {
@@ -96,29 +82,23 @@ impl Waiters {
     /// An empty registry.
     pub fn new() -> Self {
         Self {
-            shared: Arc::new(Shared {
-                registry: Mutex::new(Registry::default()),
-                keys: AtomicUsize::new(0),
-            }),
+            registry: Arc::new(Mutex::new(Registry::default())),
         }
     }
 
     /// Subscribes to `key`: the returned subscription resolves on the next [`notify`](Self::notify)
     /// of `key` after this call.
     pub fn subscribe(&self, key: &RecordKey) -> Subscription {
-        let mut registry = lock(&self.shared);
+        let mut registry = lock(&self.registry);
         let id = registry.next_id;
         registry.next_id += 1;
-        let entry = registry.entries.entry(key.clone()).or_insert_with(|| {
-            self.shared.keys.fetch_add(1, Ordering::SeqCst);
-            Entry::default()
-        });
+        let entry = registry.entries.entry(key.clone()).or_default();
         entry.subscribers += 1;
         let seen = entry.generation;
         drop(registry);
         Subscription {
             inner: Some(Inner {
-                shared: self.shared.clone(),
+                registry: self.registry.clone(),
                 key: key.clone(),
                 id,
                 seen,
@@ -126,21 +106,9 @@ impl Waiters {
         }
     }
 
-    /// Wakes every subscriber of `key`. When no key has a subscriber, which is the common case, it
-    /// reads one counter and takes no lock.
-    ///
-    /// No wake-up is lost by skipping the lock. A waiter subscribes before it re-reads the record,
-    /// and the store notifies after it writes the record. If the re-read saw the record before the
-    /// write, the subscription happened before the write. The store's own synchronisation orders
-    /// that write before this call: its lock for the memory store, and for the others the database
-    /// round trips and the listener connection, which pass through the kernel's locks. So the count
-    /// read here includes that subscription's entry. `tests/loom.rs` checks this for the memory
-    /// store under every interleaving.
+    /// Wakes every subscriber of `key`. Cheap when nobody waits: one map lookup.
     pub fn notify(&self, key: &RecordKey) {
-        if self.shared.keys.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        let wakers = match lock(&self.shared).entries.get_mut(key) {
+        let wakers = match lock(&self.registry).entries.get_mut(key) {
             Some(entry) => entry.bump(),
             None => return,
         };
@@ -150,7 +118,7 @@ impl Waiters {
     /// Wakes every subscriber of every key. Shared stores call it when they may have missed a
     /// notification (their listener connected or reconnected): each waiter then re-reads its record.
     pub fn notify_all(&self) {
-        let wakers: Vec<Waker> = lock(&self.shared)
+        let wakers: Vec<Waker> = lock(&self.registry)
             .entries
             .values_mut()
             .flat_map(Entry::bump)
@@ -160,7 +128,7 @@ impl Waiters {
 
     /// How many keys have subscribers (for tests and metrics).
     pub fn waiting_keys(&self) -> usize {
-        lock(&self.shared).entries.len()
+        lock(&self.registry).entries.len()
     }
 }
 
@@ -183,7 +151,7 @@ pub struct Subscription {
 }
 
 struct Inner {
-    shared: Arc<Shared>,
+    registry: Arc<Mutex<Registry>>,
     key: RecordKey,
     id: u64,
     /// The entry's generation when this subscription was made or last resolved `changed`.
@@ -228,7 +196,7 @@ impl Drop for Subscription {
         let Some(inner) = &self.inner else {
             return;
         };
-        let mut registry = lock(&inner.shared);
+        let mut registry = lock(&inner.registry);
         let last = match registry.entries.get_mut(&inner.key) {
             Some(entry) => {
                 entry.subscribers -= 1;
@@ -238,8 +206,8 @@ impl Drop for Subscription {
             }
             None => false,
         };
-        if last && registry.entries.remove(&inner.key).is_some() {
-            inner.shared.keys.fetch_sub(1, Ordering::SeqCst);
+        if last {
+            registry.entries.remove(&inner.key);
         }
     }
 }
@@ -256,7 +224,7 @@ impl Future for Changed<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        let mut registry = lock(&this.inner.shared);
+        let mut registry = lock(&this.inner.registry);
         let Some(entry) = registry.entries.get_mut(&this.inner.key) else {
             // Unreachable: the entry lives as long as this subscription. Leave the wake-up to the
             // caller's timers rather than spin.
@@ -279,7 +247,7 @@ impl Drop for Changed<'_> {
         if !self.registered {
             return;
         }
-        if let Some(entry) = lock(&self.inner.shared).entries.get_mut(&self.inner.key) {
+        if let Some(entry) = lock(&self.inner.registry).entries.get_mut(&self.inner.key) {
             entry.deregister(self.inner.id);
         }
     }
@@ -302,7 +270,7 @@ mod tests {
     }
 
     fn wakers(w: &Waiters, key: &RecordKey) -> usize {
-        lock(&w.shared)
+        lock(&w.registry)
             .entries
             .get(key)
             .map_or(0, |entry| entry.wakers.len())
@@ -330,26 +298,6 @@ mod tests {
         drop(s1);
         assert_eq!(w.waiting_keys(), 1);
         drop(s2);
-        assert_eq!(w.waiting_keys(), 0);
-    }
-
-    #[test]
-    fn the_key_count_follows_the_entries() {
-        let w = Waiters::new();
-        let keys = |w: &Waiters| w.shared.keys.load(Ordering::SeqCst);
-        let (a, b) = (RecordKey::new("s", "a"), RecordKey::new("s", "b"));
-        let a1 = w.subscribe(&a);
-        let a2 = w.subscribe(&a);
-        let b1 = w.subscribe(&b);
-        assert_eq!(keys(&w), 2, "one per key, not per subscription");
-        drop(a1);
-        assert_eq!(keys(&w), 2);
-        drop(a2);
-        assert_eq!(keys(&w), 1);
-        // With `b` still waited for, a notify of `a` takes the lock and finds nothing to wake.
-        w.notify(&a);
-        drop(b1);
-        assert_eq!(keys(&w), 0);
         assert_eq!(w.waiting_keys(), 0);
     }
 
