@@ -162,6 +162,13 @@ pub(crate) fn header(
     Ok((name, value))
 }
 
+/// Whether `http` accepts `b` in a header value: any byte but the control characters, tab aside
+/// (visible ASCII, space and obs-text). For the tests that build values of arbitrary bytes.
+#[cfg(test)]
+pub(crate) fn is_value_byte(b: u8) -> bool {
+    b == b'\t' || (b >= 0x20 && b != 0x7f)
+}
+
 /// Stored headers that do not decode: see [`StoredResponse::decode_headers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderDecodeError(String);
@@ -268,9 +275,7 @@ mod tests {
 
     #[test]
     fn a_value_of_any_bytes_survives_the_text_column() {
-        let every_byte: Vec<u8> = (0u8..=255)
-            .filter(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
-            .collect();
+        let every_byte: Vec<u8> = (0u8..=255).filter(|&b| super::is_value_byte(b)).collect();
         let response = StoredResponse {
             status: 200,
             headers: vec![(

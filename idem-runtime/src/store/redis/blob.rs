@@ -427,9 +427,8 @@ mod tests {
     /// Any header `http` accepts: a lower-case token for the name, and for the value any bytes but
     /// the control characters (tab aside), obs-text included.
     fn any_header() -> impl Strategy<Value = (HeaderName, HeaderValue)> {
-        let value_byte = any::<u8>().prop_filter("a value byte", |b| {
-            *b == b'\t' || (*b >= 0x20 && *b != 0x7f)
-        });
+        let value_byte =
+            any::<u8>().prop_filter("a value byte", |b| crate::record::is_value_byte(*b));
         (
             "[a-z0-9!#$%&'*+.^_`|~-]{1,12}",
             proptest::collection::vec(value_byte, 0..24),
