@@ -558,3 +558,42 @@ fn report_memory_targets(targets: &[Target], cells: &Cells, held: &str) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A one-second cell that served `ok` requests.
+    fn cell(ok: u64) -> Sample {
+        Sample {
+            ok,
+            elapsed: Duration::from_secs(1),
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn per_round_ratios_pair_each_round_with_its_plain_cell_and_round_down() {
+        let memory = Some(Backend::Memory.name());
+        let mut cells = Cells::new();
+        // Plain drifts between rounds; each round's new-key cell is a fixed share of its own plain.
+        cells.insert(
+            (None, Path::Plain, 16),
+            vec![cell(1000), cell(2000), cell(4000)],
+        );
+        cells.insert(
+            (memory, Path::HttpNew, 16),
+            vec![cell(899), cell(1900), cell(3000)],
+        );
+        let (judged, text) = memory_ratio(&cells, Path::HttpNew, 16);
+        // The judged ratio is of the medians (1900 / 2000), the per-round ones of the pairs.
+        assert!((judged - 0.95).abs() < 1e-12);
+        assert_eq!(text, "95.0% (per round: 89.9%, 75.0–95.0%)");
+        // One round has no spread to show; a missing cell has no pairs.
+        cells.insert((None, Path::Plain, 1), vec![cell(1000)]);
+        cells.insert((memory, Path::HttpNew, 1), vec![cell(900)]);
+        assert_eq!(memory_ratio(&cells, Path::HttpNew, 1).1, "90.0%");
+        assert_eq!(memory_ratio(&cells, Path::HttpReplay, 16).1, "0.0%");
+    }
+}
