@@ -1,7 +1,7 @@
 //! Schedule exploration with loom: every interleaving of the memory store's and the wake-up
 //! registry's locks, and of the engine's duplicate protocol over them.
 //!
-//! Run with (about 25 s once built, a few minutes from cold; `--nocapture` prints each model's
+//! Run with (about a minute once built, a few minutes from cold; `--nocapture` prints each model's
 //! schedule count; see "Schedule exploration (loom)" in docs/reliability.md):
 //!
 //! ```sh
@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Under `--cfg loom`, `idem_runtime`'s `crate::sync` is loom's, so each lock taken by
-//! `MemoryStore` and `Waiters` is a point where loom may switch threads; each model below runs once
+//! `MemoryStore` and `Waiters`, and each of `Waiters`' atomic operations and fences, is a point where
+//! loom may switch threads; each model below runs once
 //! per distinct schedule (all of them, unless the model says it is bounded). A wake-up that is lost
 //! leaves a thread parked in `block_on` with nobody left to wake it, which loom reports as a
 //! deadlock; every other property is an assertion that must hold in every schedule. What loom does
@@ -233,6 +234,83 @@ fn notify_all_wakes_a_subscriber_that_rechecks() {
                 tally.saw("woken");
             }
             notifier.join().expect("the notifier does not panic");
+        },
+    );
+}
+
+/// No lost wake-up when nothing but an atomic orders the write and the re-read: the writer sets a
+/// flag with `Release` and notifies; the waiter subscribes, then reads the flag with `Acquire`. No
+/// lock is shared between them, and `notify` skips the registry's lock when it counts no waited-on
+/// key, so only `Waiters`' two `SeqCst` fences keep each side from missing the other's write (the
+/// store-buffering pattern). Without either fence, a schedule deadlocks.
+#[test]
+fn a_subscriber_that_rechecks_a_flag_never_misses_a_notify() {
+    explore(
+        "subscribe-recheck vs notify, lock-free flag",
+        &["seen on re-check", "woken"],
+        |tally| {
+            let waiters = Arc::new(Waiters::new());
+            let done = Arc::new(AtomicBool::new(false));
+            let notifier = {
+                let (waiters, done) = (waiters.clone(), done.clone());
+                thread::spawn(move || {
+                    done.store(true, Ordering::Release);
+                    waiters.notify(&key());
+                })
+            };
+            let mut subscription = waiters.subscribe(&key());
+            if done.load(Ordering::Acquire) {
+                tally.saw("seen on re-check");
+            } else {
+                block_on(subscription.changed());
+                assert!(done.load(Ordering::Acquire), "woken before the write");
+                tally.saw("woken");
+            }
+            notifier.join().expect("the notifier does not panic");
+        },
+    );
+}
+
+/// The same with two waiters on one key: the second subscription joins the entry the first made,
+/// so it does not change the count of waited-on keys itself, and must still not miss the notify.
+/// **Bounded** to schedules with at most 3 preemptions (exhaustive did not finish in 7 minutes).
+#[test]
+fn two_subscribers_that_recheck_a_flag_never_miss_a_notify() {
+    explore_bounded(
+        "2 subscribe-recheck vs notify, lock-free flag",
+        3,
+        &["seen on re-check", "woken"],
+        |tally| {
+            let waiters = Arc::new(Waiters::new());
+            let done = Arc::new(AtomicBool::new(false));
+            let waiter = |waiters: Arc<Waiters>, done: Arc<AtomicBool>| {
+                move || {
+                    let mut subscription = waiters.subscribe(&key());
+                    if done.load(Ordering::Acquire) {
+                        "seen on re-check"
+                    } else {
+                        block_on(subscription.changed());
+                        assert!(done.load(Ordering::Acquire), "woken before the write");
+                        "woken"
+                    }
+                }
+            };
+            let other = thread::spawn(waiter(waiters.clone(), done.clone()));
+            let notifier = {
+                let (waiters, done) = (waiters.clone(), done.clone());
+                thread::spawn(move || {
+                    done.store(true, Ordering::Release);
+                    waiters.notify(&key());
+                })
+            };
+            tally.saw(waiter(waiters.clone(), done.clone())());
+            tally.saw(other.join().expect("a waiter does not panic"));
+            notifier.join().expect("the notifier does not panic");
+            assert_eq!(
+                waiters.waiting_keys(),
+                0,
+                "no entry outlives its subscriptions"
+            );
         },
     );
 }
