@@ -1,13 +1,14 @@
 //! Criterion micro-benchmarks of idem's hot path on the memory store: fingerprinting, a new request
-//! and a replay through the engine, and a request through the router plain and annotated.
+//! and a replay through the engine, and the wake-up registry's notify, which every completion calls.
 //! Run with: cargo bench -p idem-bench --bench hot_path
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::Waiters;
 use idem_runtime::{Begin, Engine, Fingerprint, Policy, RecordKey, StoredResponse};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const BODY: &[u8] = br#"{"amount": 1000, "currency": "KRW", "description": "two apples"}"#;
 const POLICY: Policy = Policy::new().ttl(Duration::from_secs(86_400)).checked();
@@ -84,5 +85,63 @@ fn engine(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, fingerprint, engine);
+/// `Waiters::notify`, which every completion and release calls, nearly always with nobody waiting
+/// on its key. It takes the registry's lock either way; with nobody waiting the map is empty, with
+/// another key waited on it also hashes the key and looks it up. BENCHMARKS.md compares these with a
+/// notify that skipped the lock when nobody waits (tried, reverted).
+///
+/// The two-thread cases notify from both cores at once, each between two stretches of other work
+/// (`WORK`, standing in for the rest of a request), so that each notify finds the registry's lines
+/// where the other core last left them, as in a server; "work alone" is the same loop without the
+/// notify, the baseline to subtract. Each iteration is one round on each thread.
+fn waiters(c: &mut Criterion) {
+    let idle = Waiters::new();
+    let busy = Waiters::new();
+    let _held = busy.subscribe(&RecordKey::new("user-2", "waited-on"));
+    let key = RecordKey::new("user-1", "completed");
+    let mut group = c.benchmark_group("waiters/notify");
+    let cases = [("nobody waits", &idle), ("another key waited on", &busy)];
+    for (name, waiters) in cases {
+        group.bench_function(name, |b| b.iter(|| waiters.notify(black_box(&key))));
+    }
+    let on_two_threads = |round: &(dyn Fn() + Sync), iters: u64| {
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| (0..iters).for_each(|_| round()));
+            }
+        });
+        start.elapsed()
+    };
+    group.bench_function("2 threads, work alone", |b| {
+        b.iter_custom(|iters| on_two_threads(&|| work(), iters))
+    });
+    for (name, waiters) in cases {
+        group.bench_function(format!("2 threads, work + notify, {name}"), |b| {
+            b.iter_custom(|iters| {
+                on_two_threads(
+                    &|| {
+                        work();
+                        waiters.notify(black_box(&key));
+                    },
+                    iters,
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
+/// A stretch of arithmetic that touches no shared memory (about 25 ns on the bench machine).
+fn work() {
+    let mut x = black_box(1u64);
+    for i in 0..WORK {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+    }
+    black_box(x);
+}
+
+const WORK: u64 = 200;
+
+criterion_group!(benches, fingerprint, engine, waiters);
 criterion_main!(benches);

@@ -10,34 +10,19 @@
 //! number of live subscriptions (the entry goes when the last one drops) and the wakers of pending
 //! [`Subscription::changed`] futures. A subscription remembers the generation it last saw, so a
 //! notify between subscribing and awaiting is not lost: `changed` then resolves at once.
-//!
-//! Beside the mutex, a count of the keys that have an entry lets a notify with nobody waiting (nearly
-//! every completion) return without taking the mutex, so completions of different keys do not all
-//! meet on it. A `SeqCst` fence on each side keeps that from losing a wake-up; see
-//! [`Waiters::notify`].
 
 use crate::record::RecordKey;
-use crate::sync::{fence, Arc, AtomicUsize, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
 
 /// The per-key wake-up registry of one store.
 pub struct Waiters {
-    shared: Arc<Shared>,
-}
-
-/// What the registry and its subscriptions share.
-struct Shared {
-    registry: Mutex<Registry>,
-    /// How many keys have an entry: changed only under the lock, with the entry's insertion or
-    /// removal; read without it by [`Waiters::notify`], so that a completion nobody waits for (nearly
-    /// all of them) does not take the one lock every key of the store shares.
-    keys: AtomicUsize,
+    registry: Arc<Mutex<Registry>>,
 }
 
 #[derive(Default)]
@@ -83,11 +68,8 @@ impl Entry {
 /// Every critical section is a few map and vector operations that leave the registry consistent at
 /// each step, so a panic elsewhere while the lock was held (a waker's `clone`) cannot leave it half
 /// written and the poison can be ignored.
-fn lock(shared: &Shared) -> MutexGuard<'_, Registry> {
-    shared
-        .registry
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    registry.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn wake(wakers: Vec<Waker>) {
@@ -100,32 +82,23 @@ impl Waiters {
     /// An empty registry.
     pub fn new() -> Self {
         Self {
-            shared: Arc::new(Shared {
-                registry: Mutex::new(Registry::default()),
-                keys: AtomicUsize::new(0),
-            }),
+            registry: Arc::new(Mutex::new(Registry::default())),
         }
     }
 
     /// Subscribes to `key`: the returned subscription resolves on the next [`notify`](Self::notify)
     /// of `key` after this call.
     pub fn subscribe(&self, key: &RecordKey) -> Subscription {
-        let mut registry = lock(&self.shared);
+        let mut registry = lock(&self.registry);
         let id = registry.next_id;
         registry.next_id += 1;
-        let entry = registry.entries.entry(key.clone()).or_insert_with(|| {
-            self.shared.keys.fetch_add(1, Ordering::Relaxed);
-            Entry::default()
-        });
+        let entry = registry.entries.entry(key.clone()).or_default();
         entry.subscribers += 1;
         let seen = entry.generation;
         drop(registry);
-        // Pairs with the fence in `notify`: whatever the caller reads next (the record it re-checks)
-        // comes after this subscription in the fences' single order. See `notify`.
-        fence(Ordering::SeqCst);
         Subscription {
             inner: Some(Inner {
-                shared: self.shared.clone(),
+                registry: self.registry.clone(),
                 key: key.clone(),
                 id,
                 seen,
@@ -133,28 +106,9 @@ impl Waiters {
         }
     }
 
-    /// Wakes every subscriber of `key`. When no key has a subscriber, which is the common case, it
-    /// reads one counter and takes no lock.
-    ///
-    /// The contract: a waiter subscribes, then re-reads the state it waits on; the store writes that
-    /// state, then notifies. Whatever the write and the re-read synchronise with (a lock, an atomic
-    /// with `Release` and `Acquire`, a database round trip), either the re-read sees the write or
-    /// this notify wakes the subscription.
-    ///
-    /// Skipping the lock keeps that contract because of two `SeqCst` fences: one at the end of
-    /// [`subscribe`](Self::subscribe), after the count includes the key, and one here, before the
-    /// count is read. The fences are totally ordered. If `subscribe`'s comes first, the count read
-    /// here includes the subscription's key, and the lock is taken. If this one comes first, the
-    /// write before it is visible to the re-read after `subscribe`'s fence. Without the fences (the
-    /// count read with `Acquire`, say) each side could miss the other's write, as in the classic
-    /// store-buffering litmus test. `tests/loom.rs` checks both a locked store (the memory store)
-    /// and a lock-free flag under every interleaving.
+    /// Wakes every subscriber of `key`. Cheap when nobody waits: one map lookup.
     pub fn notify(&self, key: &RecordKey) {
-        fence(Ordering::SeqCst);
-        if self.shared.keys.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let wakers = match lock(&self.shared).entries.get_mut(key) {
+        let wakers = match lock(&self.registry).entries.get_mut(key) {
             Some(entry) => entry.bump(),
             None => return,
         };
@@ -164,7 +118,7 @@ impl Waiters {
     /// Wakes every subscriber of every key. Shared stores call it when they may have missed a
     /// notification (their listener connected or reconnected): each waiter then re-reads its record.
     pub fn notify_all(&self) {
-        let wakers: Vec<Waker> = lock(&self.shared)
+        let wakers: Vec<Waker> = lock(&self.registry)
             .entries
             .values_mut()
             .flat_map(Entry::bump)
@@ -174,7 +128,7 @@ impl Waiters {
 
     /// How many keys have subscribers (for tests and metrics).
     pub fn waiting_keys(&self) -> usize {
-        lock(&self.shared).entries.len()
+        lock(&self.registry).entries.len()
     }
 }
 
@@ -197,7 +151,7 @@ pub struct Subscription {
 }
 
 struct Inner {
-    shared: Arc<Shared>,
+    registry: Arc<Mutex<Registry>>,
     key: RecordKey,
     id: u64,
     /// The entry's generation when this subscription was made or last resolved `changed`.
@@ -242,7 +196,7 @@ impl Drop for Subscription {
         let Some(inner) = &self.inner else {
             return;
         };
-        let mut registry = lock(&inner.shared);
+        let mut registry = lock(&inner.registry);
         let last = match registry.entries.get_mut(&inner.key) {
             Some(entry) => {
                 entry.subscribers -= 1;
@@ -252,8 +206,8 @@ impl Drop for Subscription {
             }
             None => false,
         };
-        if last && registry.entries.remove(&inner.key).is_some() {
-            inner.shared.keys.fetch_sub(1, Ordering::Relaxed);
+        if last {
+            registry.entries.remove(&inner.key);
         }
     }
 }
@@ -270,7 +224,7 @@ impl Future for Changed<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        let mut registry = lock(&this.inner.shared);
+        let mut registry = lock(&this.inner.registry);
         let Some(entry) = registry.entries.get_mut(&this.inner.key) else {
             // Unreachable: the entry lives as long as this subscription. Leave the wake-up to the
             // caller's timers rather than spin.
@@ -293,7 +247,7 @@ impl Drop for Changed<'_> {
         if !self.registered {
             return;
         }
-        if let Some(entry) = lock(&self.inner.shared).entries.get_mut(&self.inner.key) {
+        if let Some(entry) = lock(&self.inner.registry).entries.get_mut(&self.inner.key) {
             entry.deregister(self.inner.id);
         }
     }
@@ -316,7 +270,7 @@ mod tests {
     }
 
     fn wakers(w: &Waiters, key: &RecordKey) -> usize {
-        lock(&w.shared)
+        lock(&w.registry)
             .entries
             .get(key)
             .map_or(0, |entry| entry.wakers.len())
@@ -344,26 +298,6 @@ mod tests {
         drop(s1);
         assert_eq!(w.waiting_keys(), 1);
         drop(s2);
-        assert_eq!(w.waiting_keys(), 0);
-    }
-
-    #[test]
-    fn the_key_count_follows_the_entries() {
-        let w = Waiters::new();
-        let keys = |w: &Waiters| w.shared.keys.load(Ordering::Relaxed);
-        let (a, b) = (RecordKey::new("s", "a"), RecordKey::new("s", "b"));
-        let a1 = w.subscribe(&a);
-        let a2 = w.subscribe(&a);
-        let b1 = w.subscribe(&b);
-        assert_eq!(keys(&w), 2, "one per key, not per subscription");
-        drop(a1);
-        assert_eq!(keys(&w), 2);
-        drop(a2);
-        assert_eq!(keys(&w), 1);
-        // With `b` still waited for, a notify of `a` takes the lock and finds nothing to wake.
-        w.notify(&a);
-        drop(b1);
-        assert_eq!(keys(&w), 0);
         assert_eq!(w.waiting_keys(), 0);
     }
 
