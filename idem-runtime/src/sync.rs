@@ -7,6 +7,12 @@
 //! stores need at run time (beyond [`Waiters`](crate::store::Waiters)) may use it.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use loom::sync::{
+    atomic::{fence, AtomicUsize},
+    Arc, Mutex, MutexGuard,
+};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use std::sync::{
+    atomic::{fence, AtomicUsize},
+    Arc, Mutex, MutexGuard,
+};

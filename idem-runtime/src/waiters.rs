@@ -10,20 +10,42 @@
 //! number of live subscriptions (the entry goes when the last one drops) and the wakers of pending
 //! [`Subscription::changed`] futures. A subscription remembers the generation it last saw, so a
 //! notify between subscribing and awaiting is not lost: `changed` then resolves at once.
+//!
+//! Beside the mutex, a count of the keys that have an entry lets a notify with nobody waiting (nearly
+//! every completion) return without taking the mutex, so completions of different keys do not all
+//! meet on it. A `SeqCst` fence on each side keeps that from losing a wake-up; see
+//! [`Waiters::notify`].
 
 use crate::record::RecordKey;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{fence, Arc, AtomicUsize, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
 
 /// The per-key wake-up registry of one store.
 pub struct Waiters {
-    registry: Arc<Mutex<Registry>>,
+    shared: Arc<Shared>,
 }
+
+/// What the registry and its subscriptions share.
+struct Shared {
+    registry: Mutex<Registry>,
+    /// How many keys have an entry: changed only under the lock, with the entry's insertion or
+    /// removal; read without it by [`Waiters::notify`], so that a completion nobody waits for (nearly
+    /// all of them) does not take the one lock every key of the store shares.
+    keys: KeyCount,
+}
+
+/// The count on cache lines of its own (128 bytes, as the memory store's shards: the adjacent-line
+/// prefetcher pairs 64-byte lines). While someone waits, the lock's line moves between cores with
+/// each subscription; the count, read by every notify, changes only when a key gains or loses its
+/// entry, so it should not move with it.
+#[repr(align(128))]
+struct KeyCount(AtomicUsize);
 
 #[derive(Default)]
 struct Registry {
@@ -68,8 +90,11 @@ impl Entry {
 /// Every critical section is a few map and vector operations that leave the registry consistent at
 /// each step, so a panic elsewhere while the lock was held (a waker's `clone`) cannot leave it half
 /// written and the poison can be ignored.
-fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
-    registry.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock(shared: &Shared) -> MutexGuard<'_, Registry> {
+    shared
+        .registry
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 fn wake(wakers: Vec<Waker>) {
@@ -82,23 +107,32 @@ impl Waiters {
     /// An empty registry.
     pub fn new() -> Self {
         Self {
-            registry: Arc::new(Mutex::new(Registry::default())),
+            shared: Arc::new(Shared {
+                registry: Mutex::new(Registry::default()),
+                keys: KeyCount(AtomicUsize::new(0)),
+            }),
         }
     }
 
     /// Subscribes to `key`: the returned subscription resolves on the next [`notify`](Self::notify)
     /// of `key` after this call.
     pub fn subscribe(&self, key: &RecordKey) -> Subscription {
-        let mut registry = lock(&self.registry);
+        let mut registry = lock(&self.shared);
         let id = registry.next_id;
         registry.next_id += 1;
-        let entry = registry.entries.entry(key.clone()).or_default();
+        let entry = registry.entries.entry(key.clone()).or_insert_with(|| {
+            self.shared.keys.0.fetch_add(1, Ordering::Relaxed);
+            Entry::default()
+        });
         entry.subscribers += 1;
         let seen = entry.generation;
         drop(registry);
+        // Pairs with the fence in `notify`: whatever the caller reads next (the record it re-checks)
+        // comes after this subscription in the fences' single order. See `notify`.
+        fence(Ordering::SeqCst);
         Subscription {
             inner: Some(Inner {
-                registry: self.registry.clone(),
+                shared: self.shared.clone(),
                 key: key.clone(),
                 id,
                 seen,
@@ -106,9 +140,41 @@ impl Waiters {
         }
     }
 
-    /// Wakes every subscriber of `key`. Cheap when nobody waits: one map lookup.
+    /// Wakes every subscriber of `key`. When no key has a subscriber, which is the common case, it
+    /// reads one counter and takes no lock.
+    ///
+    /// The contract: a waiter subscribes, then re-reads the state it waits on; the store writes that
+    /// state, then notifies. Whatever the write and the re-read synchronise with (a lock, an atomic
+    /// with `Release` and `Acquire`, a database round trip), either the re-read sees the write or
+    /// this notify wakes the subscription.
+    ///
+    /// Skipping the lock keeps that contract because of two `SeqCst` fences: one at the end of
+    /// [`subscribe`](Self::subscribe), after the count includes the key, and one here, before the
+    /// count is read. The count changes only under the lock, together with the entries, so from a
+    /// key's first subscription until its last drops, every value it takes is at least 1. The
+    /// fences are totally ordered (C++20's rule, which Rust follows: a fence that happens before an
+    /// operation, and one that happens after an operation coherence-ordered after it, come in that
+    /// order).
+    ///
+    /// - If `subscribe`'s fence comes first, the count read here is the one the subscription made
+    ///   (or joined: the increment happened before its fence, through the lock) or a later one, so
+    ///   it is not 0, and the lock is taken. The critical section that follows comes after the
+    ///   subscription's (had it come before, the write would happen before the re-read, through the
+    ///   lock, and the re-read would have seen it), so it finds the entry and wakes it.
+    /// - If this fence comes first, the write made before it is visible to the re-read made after
+    ///   `subscribe`'s fence.
+    ///
+    /// Without the fences (the count read with `Acquire`, say) each side could miss the other's
+    /// write, as in the store-buffering litmus test. `tests/loom.rs` checks a locked store (the
+    /// memory store) and a lock-free flag, with one waiter under every interleaving and with two
+    /// under those of at most three preemptions; loom's `SeqCst` fence is stronger than C++20's, so
+    /// what loom proves is that each fence is needed, and the argument above that they suffice.
     pub fn notify(&self, key: &RecordKey) {
-        let wakers = match lock(&self.registry).entries.get_mut(key) {
+        fence(Ordering::SeqCst);
+        if self.shared.keys.0.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let wakers = match lock(&self.shared).entries.get_mut(key) {
             Some(entry) => entry.bump(),
             None => return,
         };
@@ -118,7 +184,7 @@ impl Waiters {
     /// Wakes every subscriber of every key. Shared stores call it when they may have missed a
     /// notification (their listener connected or reconnected): each waiter then re-reads its record.
     pub fn notify_all(&self) {
-        let wakers: Vec<Waker> = lock(&self.registry)
+        let wakers: Vec<Waker> = lock(&self.shared)
             .entries
             .values_mut()
             .flat_map(Entry::bump)
@@ -128,7 +194,7 @@ impl Waiters {
 
     /// How many keys have subscribers (for tests and metrics).
     pub fn waiting_keys(&self) -> usize {
-        lock(&self.registry).entries.len()
+        lock(&self.shared).entries.len()
     }
 }
 
@@ -151,7 +217,7 @@ pub struct Subscription {
 }
 
 struct Inner {
-    registry: Arc<Mutex<Registry>>,
+    shared: Arc<Shared>,
     key: RecordKey,
     id: u64,
     /// The entry's generation when this subscription was made or last resolved `changed`.
@@ -196,7 +262,7 @@ impl Drop for Subscription {
         let Some(inner) = &self.inner else {
             return;
         };
-        let mut registry = lock(&inner.registry);
+        let mut registry = lock(&inner.shared);
         let last = match registry.entries.get_mut(&inner.key) {
             Some(entry) => {
                 entry.subscribers -= 1;
@@ -206,8 +272,8 @@ impl Drop for Subscription {
             }
             None => false,
         };
-        if last {
-            registry.entries.remove(&inner.key);
+        if last && registry.entries.remove(&inner.key).is_some() {
+            inner.shared.keys.0.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -224,7 +290,7 @@ impl Future for Changed<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        let mut registry = lock(&this.inner.registry);
+        let mut registry = lock(&this.inner.shared);
         let Some(entry) = registry.entries.get_mut(&this.inner.key) else {
             // Unreachable: the entry lives as long as this subscription. Leave the wake-up to the
             // caller's timers rather than spin.
@@ -247,7 +313,7 @@ impl Drop for Changed<'_> {
         if !self.registered {
             return;
         }
-        if let Some(entry) = lock(&self.inner.registry).entries.get_mut(&self.inner.key) {
+        if let Some(entry) = lock(&self.inner.shared).entries.get_mut(&self.inner.key) {
             entry.deregister(self.inner.id);
         }
     }
@@ -270,7 +336,7 @@ mod tests {
     }
 
     fn wakers(w: &Waiters, key: &RecordKey) -> usize {
-        lock(&w.registry)
+        lock(&w.shared)
             .entries
             .get(key)
             .map_or(0, |entry| entry.wakers.len())
@@ -298,6 +364,26 @@ mod tests {
         drop(s1);
         assert_eq!(w.waiting_keys(), 1);
         drop(s2);
+        assert_eq!(w.waiting_keys(), 0);
+    }
+
+    #[test]
+    fn the_key_count_follows_the_entries() {
+        let w = Waiters::new();
+        let keys = |w: &Waiters| w.shared.keys.0.load(Ordering::Relaxed);
+        let (a, b) = (RecordKey::new("s", "a"), RecordKey::new("s", "b"));
+        let a1 = w.subscribe(&a);
+        let a2 = w.subscribe(&a);
+        let b1 = w.subscribe(&b);
+        assert_eq!(keys(&w), 2, "one per key, not per subscription");
+        drop(a1);
+        assert_eq!(keys(&w), 2);
+        drop(a2);
+        assert_eq!(keys(&w), 1);
+        // With `b` still waited for, a notify of `a` takes the lock and finds nothing to wake.
+        w.notify(&a);
+        drop(b1);
+        assert_eq!(keys(&w), 0);
         assert_eq!(w.waiting_keys(), 0);
     }
 

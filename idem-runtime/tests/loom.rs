@@ -1,7 +1,7 @@
 //! Schedule exploration with loom: every interleaving of the memory store's and the wake-up
 //! registry's locks, and of the engine's duplicate protocol over them.
 //!
-//! Run with (under a minute once built, a few minutes from cold; `--nocapture` prints each model's
+//! Run with (about a minute once built, a few minutes from cold; `--nocapture` prints each model's
 //! schedule count; see "Schedule exploration (loom)" in docs/reliability.md):
 //!
 //! ```sh
@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Under `--cfg loom`, `idem_runtime`'s `crate::sync` is loom's, so each lock taken by
-//! `MemoryStore` and `Waiters` is a point where loom may switch threads; each model below runs once
+//! `MemoryStore` and `Waiters`, and each operation on `Waiters`' count of waited-on keys, is a point
+//! where loom may switch threads (a fence is not, but loom orders by it); each model below runs once
 //! per distinct schedule (all of them, unless the model says it is bounded). A wake-up that is lost
 //! leaves a thread parked in `block_on` with nobody left to wake it, which loom reports as a
 //! deadlock; every other property is an assertion that must hold in every schedule. What loom does
@@ -239,10 +240,9 @@ fn notify_all_wakes_a_subscriber_that_rechecks() {
 
 /// No lost wake-up when nothing but an atomic orders the write and the re-read: the writer sets a
 /// flag with `Release` and notifies; the waiter subscribes, then reads the flag with `Acquire`. No
-/// lock of the writer's is shared with the waiter, so only `Waiters` itself can keep each side from
-/// missing the other's write (the store-buffering pattern). Its one lock does today; a `notify` that
-/// skipped the lock when nobody waits would need a `SeqCst` fence on each side, and this model
-/// deadlocks without either (docs/reliability.md, "a notify without the lock").
+/// lock is shared between them, and `notify` skips the registry's lock when it counts no waited-on
+/// key, so only `Waiters`' two `SeqCst` fences keep each side from missing the other's write (the
+/// store-buffering pattern). Without either fence, a schedule deadlocks.
 #[test]
 fn a_subscriber_that_rechecks_a_flag_never_misses_a_notify() {
     explore(
@@ -271,9 +271,10 @@ fn a_subscriber_that_rechecks_a_flag_never_misses_a_notify() {
     );
 }
 
-/// The same with two waiters on one key, the second joining the entry the first made. It catches
-/// what the one-waiter model cannot: a lock-free `notify` whose `subscribe` fenced only when it made
-/// the entry. **Bounded** to schedules with at most 3 preemptions.
+/// The same with two waiters on one key: the second subscription joins the entry the first made,
+/// so it does not change the count of waited-on keys itself, and must still not miss the notify (it
+/// is the one model that fails if `subscribe` fences only when it made the entry). **Bounded** to
+/// schedules with at most 3 preemptions (exhaustive did not finish in 7 minutes).
 #[test]
 fn two_subscribers_that_recheck_a_flag_never_miss_a_notify() {
     explore_bounded(
