@@ -11,9 +11,9 @@
 //! [`Subscription::changed`] futures. A subscription remembers the generation it last saw, so a
 //! notify between subscribing and awaiting is not lost: `changed` then resolves at once.
 //!
-//! Beside the mutex, a count of the keys that have an entry lets a notify with nobody waiting (nearly
-//! every completion) return without taking the mutex, so completions of different keys do not all
-//! meet on it. A `SeqCst` fence on each side keeps that from losing a wake-up; see
+//! Beside the mutex, a count of the keys that have an entry lets a notify return without taking the
+//! mutex when no key has a waiter (for nearly every completion), so completions of different keys
+//! do not all meet on it. A `SeqCst` fence on each side keeps that from losing a wake-up; see
 //! [`Waiters::notify`].
 
 use crate::record::RecordKey;
@@ -157,8 +157,9 @@ impl Waiters {
     /// order).
     ///
     /// - If `subscribe`'s fence comes first, the count read here is the one the subscription made
-    ///   (or joined: the increment happened before its fence, through the lock) or a later one, so
-    ///   it is not 0, and the lock is taken. The critical section that follows comes after the
+    ///   (or joined: the increment happened before its fence, through the lock) or a later one made
+    ///   while the subscription lives (a waiter this notify would wake has not dropped it), so it is
+    ///   not 0, and the lock is taken. The critical section that follows comes after the
     ///   subscription's (had it come before, the write would happen before the re-read, through the
     ///   lock, and the re-read would have seen it), so it finds the entry and wakes it.
     /// - If this fence comes first, the write made before it is visible to the re-read made after

@@ -1,5 +1,6 @@
 //! Schedule exploration with loom: every interleaving of the memory store's and the wake-up
-//! registry's locks, and of the engine's duplicate protocol over them.
+//! registry's locks and the registry's count of waited-on keys, and of the engine's duplicate
+//! protocol over them (two models only up to a bound of preemptions).
 //!
 //! Run with (about a minute once built, a few minutes from cold; `--nocapture` prints each model's
 //! schedule count; see "Schedule exploration (loom)" in docs/reliability.md):
