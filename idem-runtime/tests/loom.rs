@@ -209,6 +209,33 @@ fn a_subscriber_that_rechecks_never_misses_a_completion() {
     );
 }
 
+/// The waiter's side of the flag models: subscribes to the key, then re-reads `done` (`Acquire`), and
+/// waits for a notification only if the flag was not yet set; woken, it must find the flag set.
+/// Returns which way it went.
+fn subscribe_and_recheck(waiters: &Waiters, done: &AtomicBool) -> &'static str {
+    let mut subscription = waiters.subscribe(&key());
+    if done.load(Ordering::Acquire) {
+        return "seen on re-check";
+    }
+    block_on(subscription.changed());
+    assert!(done.load(Ordering::Acquire), "woken before the write");
+    "woken"
+}
+
+/// The writer's side of the flag models, on a thread of its own: sets `done` (`Release`), then
+/// wakes the key's waiters through `wake`.
+fn set_then_wake(
+    waiters: &Arc<Waiters>,
+    done: &Arc<AtomicBool>,
+    wake: fn(&Waiters),
+) -> thread::JoinHandle<()> {
+    let (waiters, done) = (waiters.clone(), done.clone());
+    thread::spawn(move || {
+        done.store(true, Ordering::Release);
+        wake(&waiters);
+    })
+}
+
 /// The same through `notify_all`, the path PostgreSQL's and Redis's listeners take after a
 /// reconnect: a waiter on one key is woken by a notification addressed to every key.
 #[test]
@@ -219,21 +246,8 @@ fn notify_all_wakes_a_subscriber_that_rechecks() {
         |tally| {
             let waiters = Arc::new(Waiters::new());
             let done = Arc::new(AtomicBool::new(false));
-            let notifier = {
-                let (waiters, done) = (waiters.clone(), done.clone());
-                thread::spawn(move || {
-                    done.store(true, Ordering::Release);
-                    waiters.notify_all();
-                })
-            };
-            let mut subscription = waiters.subscribe(&key());
-            if done.load(Ordering::Acquire) {
-                tally.saw("seen on re-check");
-            } else {
-                block_on(subscription.changed());
-                assert!(done.load(Ordering::Acquire), "woken before the write");
-                tally.saw("woken");
-            }
+            let notifier = set_then_wake(&waiters, &done, Waiters::notify_all);
+            tally.saw(subscribe_and_recheck(&waiters, &done));
             notifier.join().expect("the notifier does not panic");
         },
     );
@@ -252,21 +266,8 @@ fn a_subscriber_that_rechecks_a_flag_never_misses_a_notify() {
         |tally| {
             let waiters = Arc::new(Waiters::new());
             let done = Arc::new(AtomicBool::new(false));
-            let notifier = {
-                let (waiters, done) = (waiters.clone(), done.clone());
-                thread::spawn(move || {
-                    done.store(true, Ordering::Release);
-                    waiters.notify(&key());
-                })
-            };
-            let mut subscription = waiters.subscribe(&key());
-            if done.load(Ordering::Acquire) {
-                tally.saw("seen on re-check");
-            } else {
-                block_on(subscription.changed());
-                assert!(done.load(Ordering::Acquire), "woken before the write");
-                tally.saw("woken");
-            }
+            let notifier = set_then_wake(&waiters, &done, |waiters| waiters.notify(&key()));
+            tally.saw(subscribe_and_recheck(&waiters, &done));
             notifier.join().expect("the notifier does not panic");
         },
     );
@@ -275,7 +276,8 @@ fn a_subscriber_that_rechecks_a_flag_never_misses_a_notify() {
 /// The same with two waiters on one key: the second subscription joins the entry the first made,
 /// so it does not change the count of waited-on keys itself, and must still not miss the notify (it
 /// is the one model that fails if `subscribe` fences only when it made the entry). **Bounded** to
-/// schedules with at most 3 preemptions (exhaustive did not finish in 7 minutes).
+/// schedules with at most 3 preemptions (exhaustive, an earlier shape of it did not finish in 7
+/// minutes).
 #[test]
 fn two_subscribers_that_recheck_a_flag_never_miss_a_notify() {
     explore_bounded(
@@ -285,27 +287,12 @@ fn two_subscribers_that_recheck_a_flag_never_miss_a_notify() {
         |tally| {
             let waiters = Arc::new(Waiters::new());
             let done = Arc::new(AtomicBool::new(false));
-            let waiter = |waiters: Arc<Waiters>, done: Arc<AtomicBool>| {
-                move || {
-                    let mut subscription = waiters.subscribe(&key());
-                    if done.load(Ordering::Acquire) {
-                        "seen on re-check"
-                    } else {
-                        block_on(subscription.changed());
-                        assert!(done.load(Ordering::Acquire), "woken before the write");
-                        "woken"
-                    }
-                }
-            };
-            let other = thread::spawn(waiter(waiters.clone(), done.clone()));
-            let notifier = {
+            let other = {
                 let (waiters, done) = (waiters.clone(), done.clone());
-                thread::spawn(move || {
-                    done.store(true, Ordering::Release);
-                    waiters.notify(&key());
-                })
+                thread::spawn(move || subscribe_and_recheck(&waiters, &done))
             };
-            tally.saw(waiter(waiters.clone(), done.clone())());
+            let notifier = set_then_wake(&waiters, &done, |waiters| waiters.notify(&key()));
+            tally.saw(subscribe_and_recheck(&waiters, &done));
             tally.saw(other.join().expect("a waiter does not panic"));
             notifier.join().expect("the notifier does not panic");
             assert_eq!(
