@@ -35,8 +35,8 @@ pub struct Waiters {
 struct Shared {
     registry: Mutex<Registry>,
     /// How many keys have an entry: changed only under the lock, with the entry's insertion or
-    /// removal; read without it by [`Waiters::notify`], so that a completion nobody waits for (nearly
-    /// all of them) does not take the one lock every key of the store shares.
+    /// removal; read without it by [`Waiters::notify`], so that while no key has a waiter (nearly
+    /// always) a completion does not take the one lock every key of the store shares.
     keys: KeyCount,
 }
 
