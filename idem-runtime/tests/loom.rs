@@ -236,21 +236,23 @@ fn set_then_wake(
     })
 }
 
+/// One waiter ([`subscribe_and_recheck`]) against one writer that wakes it through `wake`
+/// ([`set_then_wake`]); both ways through must occur.
+fn one_waiter_rechecks_a_flag(name: &str, wake: fn(&Waiters)) {
+    explore(name, &["seen on re-check", "woken"], move |tally| {
+        let waiters = Arc::new(Waiters::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let notifier = set_then_wake(&waiters, &done, wake);
+        tally.saw(subscribe_and_recheck(&waiters, &done));
+        notifier.join().expect("the notifier does not panic");
+    });
+}
+
 /// The same through `notify_all`, the path PostgreSQL's and Redis's listeners take after a
 /// reconnect: a waiter on one key is woken by a notification addressed to every key.
 #[test]
 fn notify_all_wakes_a_subscriber_that_rechecks() {
-    explore(
-        "subscribe-recheck vs notify_all",
-        &["seen on re-check", "woken"],
-        |tally| {
-            let waiters = Arc::new(Waiters::new());
-            let done = Arc::new(AtomicBool::new(false));
-            let notifier = set_then_wake(&waiters, &done, Waiters::notify_all);
-            tally.saw(subscribe_and_recheck(&waiters, &done));
-            notifier.join().expect("the notifier does not panic");
-        },
-    );
+    one_waiter_rechecks_a_flag("subscribe-recheck vs notify_all", Waiters::notify_all);
 }
 
 /// No lost wake-up when nothing but an atomic orders the write and the re-read: the writer sets a
@@ -260,17 +262,9 @@ fn notify_all_wakes_a_subscriber_that_rechecks() {
 /// store-buffering pattern). Without either fence, a schedule deadlocks.
 #[test]
 fn a_subscriber_that_rechecks_a_flag_never_misses_a_notify() {
-    explore(
-        "subscribe-recheck vs notify, lock-free flag",
-        &["seen on re-check", "woken"],
-        |tally| {
-            let waiters = Arc::new(Waiters::new());
-            let done = Arc::new(AtomicBool::new(false));
-            let notifier = set_then_wake(&waiters, &done, |waiters| waiters.notify(&key()));
-            tally.saw(subscribe_and_recheck(&waiters, &done));
-            notifier.join().expect("the notifier does not panic");
-        },
-    );
+    one_waiter_rechecks_a_flag("subscribe-recheck vs notify, lock-free flag", |waiters| {
+        waiters.notify(&key())
+    });
 }
 
 /// The same with two waiters on one key: the second subscription joins the entry the first made,
