@@ -38,10 +38,12 @@ impl Config {
     }
 }
 
-/// A duration in µs or ms, 3 significant digits.
+/// A duration in ns (below 1 µs: the memory store's claims), µs or ms, 3 significant digits.
 pub(crate) fn dur(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
-    if us < 1000.0 {
+    if us < 1.0 {
+        format!("{} ns", d.as_nanos())
+    } else if us < 1000.0 {
         format!("{us:.0} µs")
     } else if us < 10_000_000.0 {
         format!("{:.2} ms", us / 1000.0)

@@ -412,6 +412,45 @@ mod tests {
         }
     }
 
+    /// Any JSON document: nested, with duplicate-free objects, escapes, non-ASCII text, and strings
+    /// longer than a SHA-256 block.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let text = prop_oneof!["[a-z\"\\\\\n\u{e9}\u{1F600}]{0,12}", "[a-z]{60,300}",];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            text.clone().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                proptest::collection::vec((text.clone(), inner), 0..8)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever the document, compact or pretty-printed, the fingerprint is the reference
+        /// implementation's.
+        #[test]
+        fn any_document_hashes_as_the_reference_does(value in any_json()) {
+            for body in [
+                serde_json::to_vec(&value).expect("a Value serialises"),
+                serde_json::to_vec_pretty(&value).expect("a Value serialises"),
+            ] {
+                proptest::prop_assert_eq!(
+                    Fingerprint::of_request("POST", "/p", JSON, &body),
+                    reference("POST", "/p", &body)
+                );
+            }
+        }
+    }
+
     #[test]
     fn hex_round_trips() {
         let a = Fingerprint::of_request("POST", "/p", None, b"x");
