@@ -42,6 +42,29 @@ fn fingerprint(c: &mut Criterion) {
     c.bench_function("fingerprint/bytes 64 B", |b| {
         b.iter(|| Fingerprint::of_request("POST", "/payments", None, black_box(BODY)))
     });
+    // A body built to be costly: objects 100 deep, each out of key order around the next, and a
+    // 64 KiB string inside them all. Its JSON fingerprint should cost a small multiple of hashing
+    // its bytes, as each byte is hashed once however deep it sits.
+    let mut deep = format!("{:?}", "x".repeat(64 * 1024));
+    for _ in 0..100 {
+        deep = format!(r#"{{"z":{deep},"a":1}}"#);
+    }
+    c.bench_function(
+        "fingerprint/json 64 KiB, 100 objects deep out of order",
+        |b| {
+            b.iter(|| {
+                Fingerprint::of_request(
+                    "POST",
+                    "/payments",
+                    Some("application/json"),
+                    black_box(deep.as_bytes()),
+                )
+            })
+        },
+    );
+    c.bench_function("fingerprint/bytes 64 KiB, the same body", |b| {
+        b.iter(|| Fingerprint::of_request("POST", "/payments", None, black_box(deep.as_bytes())))
+    });
 }
 
 fn engine(c: &mut Criterion) {

@@ -96,11 +96,13 @@ fn is_json(content_type: &str) -> bool {
 /// `Value` does. Sorting here, rather than relying on serde_json's map type, keeps the fingerprint
 /// stable even if another crate in the build turns on serde_json's `preserve_order` feature.
 ///
-/// The form is written while serde_json parses the body, with no tree in between: each scalar as
-/// serde_json serialises it (string escapes, number formatting), each object's members where they
-/// fall, then put in key order if they were not in it already. Recursion depth is bounded by
-/// serde_json's parser (128). The form is written into a buffer each thread keeps, so that a
-/// request's fingerprint allocates nothing.
+/// No tree is built. While serde_json parses the body, each scalar is written as serde_json
+/// serialises it (string escapes, number formatting) and each object's members where they fall;
+/// an object whose keys are not in order gets the list of its members in key order. The form is
+/// then hashed from what was written: in one piece if every object was in order, else with each
+/// such object's members taken in its list's order. Either way each byte is hashed once, however
+/// deep the objects nest. Recursion depth is bounded by serde_json's parser (128). What is written
+/// goes into buffers each thread keeps, so a request's fingerprint allocates nothing.
 fn hash_json(h: &mut Sha256, body: &[u8]) -> bool {
     thread_local! {
         static SCRATCH: RefCell<Canonical> = const { RefCell::new(Canonical::new()) };
@@ -117,16 +119,33 @@ fn hash_json(h: &mut Sha256, body: &[u8]) -> bool {
         .unwrap_or_else(|| Canonical::new().hash(h, body))
 }
 
-/// The canonical form written so far, and the members of the objects still open.
+/// The body as written, and where its objects and their members are in it.
 #[derive(Debug)]
 struct Canonical {
+    /// Scalars in canonical form, members in the body's order.
     out: Vec<u8>,
-    /// Stacked: an object's members follow those of the objects it is inside.
-    members: Vec<Member>,
+    /// Every object, in the order they open (so ordered by `open`).
+    objects: Vec<Object>,
+    /// The members of the objects still open, an object's after those of the objects around it.
+    open_members: Vec<Member>,
+    /// The members of the objects not in key order, in key order, each key once.
+    ordered: Vec<Member>,
 }
 
-/// A thread's buffers are kept up to this capacity; a larger body's are let go once it is hashed.
+/// A thread's buffers are kept up to this many bytes each; a larger body's are let go once it is
+/// hashed.
 const KEEP: usize = 16 * 1024;
+
+/// One object as written: `out[open..close]`, from its `{` to after its `}`.
+#[derive(Debug, Clone)]
+struct Object {
+    open: usize,
+    close: usize,
+    /// The index in `objects` after its last descendant.
+    after: usize,
+    /// Its members in `ordered`, if it is not in key order.
+    reordered: Option<std::ops::Range<usize>>,
+}
 
 /// One object member as written: `"key":value` at `out[start..end]`, the key's closing quote at
 /// `out[key_end - 1]`.
@@ -143,33 +162,78 @@ impl Canonical {
     const fn new() -> Self {
         Self {
             out: Vec::new(),
-            members: Vec::new(),
+            objects: Vec::new(),
+            open_members: Vec::new(),
+            ordered: Vec::new(),
         }
     }
 
-    /// Writes `body`'s canonical form into `out` (cleared first) and, if `body` is one JSON
-    /// document, hashes it after the `json` tag; whether it was.
+    /// If `body` is one JSON document, hashes its canonical form after the `json` tag; whether it
+    /// was.
     fn hash(&mut self, h: &mut Sha256, body: &[u8]) -> bool {
         self.out.clear();
-        self.members.clear();
+        self.objects.clear();
+        self.open_members.clear();
+        self.ordered.clear();
         self.out.reserve(body.len());
         let mut parser = serde_json::Deserializer::from_slice(body);
         let json = Write(self).deserialize(&mut parser).is_ok() && parser.end().is_ok();
         if json {
             h.update(b"json\0");
-            h.update(&self.out);
+            if self.objects.iter().all(|o| o.reordered.is_none()) {
+                h.update(&self.out);
+            } else {
+                self.hash_range(h, 0, self.out.len());
+            }
         }
         json
     }
 
+    /// Hashes `out[from..to]`, each object that starts in it in canonical order.
+    fn hash_range(&self, h: &mut Sha256, from: usize, to: usize) {
+        let mut at = from;
+        let mut next = self.objects.partition_point(|o| o.open < from);
+        while let Some(object) = self.objects.get(next).filter(|o| o.open < to) {
+            h.update(self.out.get(at..object.open).unwrap_or_default());
+            match &object.reordered {
+                None => {
+                    h.update(b"{");
+                    self.hash_range(h, object.open + 1, object.close);
+                }
+                Some(members) => {
+                    h.update(b"{");
+                    for (i, member) in self
+                        .ordered
+                        .get(members.clone())
+                        .unwrap_or_default()
+                        .iter()
+                        .enumerate()
+                    {
+                        if i > 0 {
+                            h.update(b",");
+                        }
+                        self.hash_range(h, member.start, member.end);
+                    }
+                    h.update(b"}");
+                }
+            }
+            at = object.close;
+            next = object.after;
+        }
+        h.update(self.out.get(at..to).unwrap_or_default());
+    }
+
     /// Lets go of buffers a large body grew.
     fn trim(&mut self) {
-        if self.out.capacity() > KEEP {
-            self.out = Vec::new();
+        fn trim<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > KEEP {
+                *v = Vec::new();
+            }
         }
-        if self.members.capacity() * std::mem::size_of::<Member>() > KEEP {
-            self.members = Vec::new();
-        }
+        trim(&mut self.out);
+        trim(&mut self.objects);
+        trim(&mut self.open_members);
+        trim(&mut self.ordered);
     }
 
     /// A scalar, as serde_json serialises it.
@@ -178,49 +242,52 @@ impl Canonical {
         let _ = serde_json::to_writer(&mut self.out, value);
     }
 
-    /// Puts the members of the object written from `open` (its `{`) on, which are
-    /// `members[first..]`, in key order, keeps the last of each key, and closes the object.
-    fn close_object(&mut self, open: usize, first: usize) {
-        let Self { out, members } = self;
-        let members = &mut members[first..];
-        let order = |a: &Member, b: &Member| key_order(out, 0, a, b);
-        if !members
+    /// Closes `objects[index]`, whose members are `open_members[first..]`: lists them in key order,
+    /// the last of each key only, if they are not in key order already.
+    fn close_object(&mut self, index: usize, first: usize) {
+        self.out.push(b'}');
+        let Self {
+            out,
+            objects,
+            open_members,
+            ordered,
+        } = self;
+        let members = open_members.get_mut(first..).unwrap_or_default();
+        let order = |a: &Member, b: &Member| key_order(out, a, b);
+        let reordered = if members
             .windows(2)
             .all(|pair| order(&pair[0], &pair[1]).is_lt())
         {
+            None
+        } else {
             // Stable, so that among equal keys the last one written stays last.
             members.sort_by(order);
-            let base = open + 1;
-            let written = out.split_off(base);
-            let mut comma = false;
+            let from = ordered.len();
             for (i, member) in members.iter().enumerate() {
-                if members
+                if !members
                     .get(i + 1)
-                    .is_some_and(|next| key_order(&written, base, member, next).is_eq())
+                    .is_some_and(|next| order(member, next).is_eq())
                 {
-                    continue; // overridden by a later duplicate
+                    ordered.push(*member); // else overridden by a later duplicate
                 }
-                if comma {
-                    out.push(b',');
-                }
-                comma = true;
-                let bytes = written.get(member.start - base..member.end - base);
-                out.extend_from_slice(bytes.unwrap_or_default());
             }
+            Some(from..ordered.len())
+        };
+        open_members.truncate(first);
+        let after = objects.len();
+        if let Some(object) = objects.get_mut(index) {
+            object.close = out.len();
+            object.after = after;
+            object.reordered = reordered;
         }
-        out.push(b'}');
-        self.members.truncate(first);
     }
 }
 
-/// How the keys of two members order as strings (`str`'s order, by bytes), the members written in
-/// `out` from its offset `base` on: on the written bytes between the quotes when neither has an
-/// escape (they are then the string's UTF-8), or else on the decoded strings.
-fn key_order(out: &[u8], base: usize, a: &Member, b: &Member) -> Ordering {
-    let written = |m: &Member| {
-        out.get(m.start - base..m.key_end - base)
-            .unwrap_or_default()
-    };
+/// How the keys of two members written in `out` order as strings (`str`'s order, by bytes): on the
+/// written bytes between the quotes when neither has an escape (they are then the string's UTF-8),
+/// or else on the decoded strings.
+fn key_order(out: &[u8], a: &Member, b: &Member) -> Ordering {
+    let written = |m: &Member| out.get(m.start..m.key_end).unwrap_or_default();
     if !a.escaped && !b.escaped {
         let inner = |m: &Member| {
             let key = written(m);
@@ -301,28 +368,37 @@ impl<'de> Visitor<'de> for Write<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let canon = self.0;
-        let open = canon.out.len();
-        let first = canon.members.len();
+        let index = canon.objects.len();
+        let first = canon.open_members.len();
+        canon.objects.push(Object {
+            open: canon.out.len(),
+            close: 0,
+            after: 0,
+            reordered: None,
+        });
         canon.out.push(b'{');
         while let Some(Key(key)) = map.next_key()? {
-            if canon.members.len() > first {
+            if canon.open_members.len() > first {
                 canon.out.push(b',');
             }
             let start = canon.out.len();
             canon.scalar(&*key);
             let key_end = canon.out.len();
-            let escaped = canon.out[start..key_end].contains(&b'\\');
+            let escaped = canon
+                .out
+                .get(start..key_end)
+                .is_some_and(|written| written.contains(&b'\\'));
             canon.out.push(b':');
             map.next_value_seed(Write(&mut *canon))?;
             let end = canon.out.len();
-            canon.members.push(Member {
+            canon.open_members.push(Member {
                 start,
                 key_end,
                 end,
                 escaped,
             });
         }
-        canon.close_object(open, first);
+        canon.close_object(index, first);
         Ok(())
     }
 }
@@ -488,6 +564,10 @@ mod tests {
             b"null",
             br#"{"dup":{"x":1},"dup":{"y":2}}"#,
             br#"{"b\u0061":1,"ba":2}"#,
+            // A key that another key extends with a character below `"` (space, `!`), or with `"`
+            // itself, which is written escaped.
+            br#"{"a ":1,"a":2,"a!":3,"a\"":4,"a#":5,"":6}"#,
+            br#"{"a":{"a":1,"a ":2},"a ":[{"x!":1,"x":2}]}"#,
             b"{not json",
             br#"{"a":1} trailing"#,
             b"",
@@ -587,6 +667,29 @@ mod tests {
                     "{}", body
                 );
             }
+        }
+    }
+
+    /// `depth` objects inside one another, each `{"z":<the next>,"a":1}`: out of key order at every
+    /// level, with `text` innermost.
+    fn nested_out_of_order(depth: usize, text: &str) -> String {
+        let mut body = format!("{text:?}");
+        for _ in 0..depth {
+            body = format!(r#"{{"z":{body},"a":1}}"#);
+        }
+        body
+    }
+
+    #[test]
+    fn deep_objects_out_of_order_hash_as_the_reference_does() {
+        // serde_json's parser stops at 128 levels: deeper bodies are hashed byte for byte.
+        for depth in [1, 2, 64, 127, 128, 200] {
+            let body = nested_out_of_order(depth, &"x".repeat(300));
+            assert_eq!(
+                Fingerprint::of_request("POST", "/p", JSON, body.as_bytes()),
+                reference("POST", "/p", body.as_bytes()),
+                "depth {depth}"
+            );
         }
     }
 
