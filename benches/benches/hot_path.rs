@@ -65,6 +65,27 @@ fn fingerprint(c: &mut Criterion) {
     c.bench_function("fingerprint/bytes 64 KiB, the same body", |b| {
         b.iter(|| Fingerprint::of_request("POST", "/payments", None, black_box(deep.as_bytes())))
     });
+    // One object of 4,000 members in a scrambled key order (1237 is prime to 4,000, so i * 1237 mod
+    // 4,000 visits every key once), every key written with an escape, so that sorting them takes
+    // some 40,000 comparisons of keys whose written bytes are not their strings.
+    let members: Vec<String> = (0..4000)
+        .map(|i| (i * 1237) % 4000)
+        .map(|k| format!(r#""\u0061{k:05}":{k}"#))
+        .collect();
+    let escaped = format!("{{{}}}", members.join(","));
+    c.bench_function("fingerprint/json 4,000 escaped keys, scrambled", |b| {
+        b.iter(|| {
+            Fingerprint::of_request(
+                "POST",
+                "/payments",
+                Some("application/json"),
+                black_box(escaped.as_bytes()),
+            )
+        })
+    });
+    c.bench_function("fingerprint/bytes 4,000 escaped keys, the same body", |b| {
+        b.iter(|| Fingerprint::of_request("POST", "/payments", None, black_box(escaped.as_bytes())))
+    });
 }
 
 fn engine(c: &mut Criterion) {

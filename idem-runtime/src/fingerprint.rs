@@ -10,7 +10,6 @@ use serde::de::{Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::cmp::Ordering;
 use std::fmt;
 
 /// SHA-256 of a request's method, path and canonical body.
@@ -130,6 +129,8 @@ struct Canonical {
     open_members: Vec<Member>,
     /// The members of the objects not in key order, in key order, each key once.
     ordered: Vec<Member>,
+    /// The keys written with an escape, as parsed (the written bytes are then not the string's).
+    escaped_keys: Vec<String>,
 }
 
 /// A thread's buffers are kept up to this many bytes each; a larger body's are let go once it is
@@ -154,8 +155,8 @@ struct Member {
     start: usize,
     key_end: usize,
     end: usize,
-    /// Whether the key as written has an escape, so that its bytes are not the string's.
-    escaped: bool,
+    /// If the key as written has an escape, where the parsed key is in `escaped_keys`.
+    escaped: Option<usize>,
 }
 
 impl Canonical {
@@ -165,6 +166,7 @@ impl Canonical {
             objects: Vec::new(),
             open_members: Vec::new(),
             ordered: Vec::new(),
+            escaped_keys: Vec::new(),
         }
     }
 
@@ -175,6 +177,7 @@ impl Canonical {
         self.objects.clear();
         self.open_members.clear();
         self.ordered.clear();
+        self.escaped_keys.clear();
         self.out.reserve(body.len());
         let mut parser = serde_json::Deserializer::from_slice(body);
         let json = Write(self).deserialize(&mut parser).is_ok() && parser.end().is_ok();
@@ -234,6 +237,7 @@ impl Canonical {
         trim(&mut self.objects);
         trim(&mut self.open_members);
         trim(&mut self.ordered);
+        trim(&mut self.escaped_keys);
     }
 
     /// A scalar, as serde_json serialises it.
@@ -251,9 +255,11 @@ impl Canonical {
             objects,
             open_members,
             ordered,
+            escaped_keys,
         } = self;
         let members = open_members.get_mut(first..).unwrap_or_default();
-        let order = |a: &Member, b: &Member| key_order(out, a, b);
+        let order =
+            |a: &Member, b: &Member| key(out, escaped_keys, a).cmp(key(out, escaped_keys, b));
         let reordered = if members
             .windows(2)
             .all(|pair| order(&pair[0], &pair[1]).is_lt())
@@ -283,20 +289,16 @@ impl Canonical {
     }
 }
 
-/// How the keys of two members written in `out` order as strings (`str`'s order, by bytes): on the
-/// written bytes between the quotes when neither has an escape (they are then the string's UTF-8),
-/// or else on the decoded strings.
-fn key_order(out: &[u8], a: &Member, b: &Member) -> Ordering {
-    let written = |m: &Member| out.get(m.start..m.key_end).unwrap_or_default();
-    if !a.escaped && !b.escaped {
-        let inner = |m: &Member| {
-            let key = written(m);
-            key.get(1..key.len().saturating_sub(1)).unwrap_or_default()
-        };
-        return inner(a).cmp(inner(b));
+/// A member's key as the bytes of its string, which order as the strings do (`str`'s order is by
+/// bytes): the written bytes between the quotes, or the parsed key if the written one has an escape.
+fn key<'a>(out: &'a [u8], escaped_keys: &'a [String], member: &Member) -> &'a [u8] {
+    if let Some(parsed) = member.escaped.and_then(|i| escaped_keys.get(i)) {
+        return parsed.as_bytes();
     }
-    let decoded = |m: &Member| serde_json::from_slice::<String>(written(m)).unwrap_or_default();
-    decoded(a).cmp(&decoded(b))
+    let written = out.get(member.start..member.key_end).unwrap_or_default();
+    written
+        .get(1..written.len().saturating_sub(1))
+        .unwrap_or_default()
 }
 
 /// Writes the next JSON value of the parse into the form.
@@ -387,7 +389,11 @@ impl<'de> Visitor<'de> for Write<'_> {
             let escaped = canon
                 .out
                 .get(start..key_end)
-                .is_some_and(|written| written.contains(&b'\\'));
+                .is_some_and(|written| written.contains(&b'\\'))
+                .then(|| {
+                    canon.escaped_keys.push(key.into_owned());
+                    canon.escaped_keys.len() - 1
+                });
             canon.out.push(b':');
             map.next_value_seed(Write(&mut *canon))?;
             let end = canon.out.len();
