@@ -99,9 +99,12 @@ fn is_json(content_type: &str) -> bool {
 /// serialises it (string escapes, number formatting) and each object's members where they fall;
 /// an object whose keys are not in order gets the list of its members in key order. The form is
 /// then hashed from what was written: in one piece if every object was in order, else with each
-/// such object's members taken in its list's order. Either way each byte is hashed once, however
-/// deep the objects nest. Recursion depth is bounded by serde_json's parser (128). What is written
-/// goes into buffers each thread keeps, so a request's fingerprint allocates nothing.
+/// such object's members taken in its list's order (a member overridden by a later duplicate is
+/// left out). Either way each byte of the form is hashed once, however deep the objects nest.
+/// Nesting is bounded by serde_json's parser (128 levels; hashing recurses twice per level). What
+/// is written goes into buffers each thread keeps, so that fingerprinting a body of up to
+/// [`KEEP`] bytes allocates nothing, unless a key or string has an escape (serde_json then
+/// decodes it into a buffer, and a key's decoded string is kept until the hash is done).
 fn hash_json(h: &mut Sha256, body: &[u8]) -> bool {
     thread_local! {
         static SCRATCH: RefCell<Canonical> = const { RefCell::new(Canonical::new()) };
@@ -133,8 +136,8 @@ struct Canonical {
     escaped_keys: Vec<String>,
 }
 
-/// A thread's buffers are kept up to this many bytes each; a larger body's are let go once it is
-/// hashed.
+/// A thread's buffers are kept up to this many bytes each; larger ones, grown by a larger body, are
+/// let go once it is hashed, and so are the decoded escaped keys.
 const KEEP: usize = 16 * 1024;
 
 /// One object as written: `out[open..close]`, from its `{` to after its `}`.
@@ -226,7 +229,7 @@ impl Canonical {
         h.update(self.out.get(at..to).unwrap_or_default());
     }
 
-    /// Lets go of buffers a large body grew.
+    /// Lets go of buffers a large body grew, and of the escaped keys' strings.
     fn trim(&mut self) {
         fn trim<T>(v: &mut Vec<T>) {
             if v.capacity() * std::mem::size_of::<T>() > KEEP {
@@ -237,6 +240,8 @@ impl Canonical {
         trim(&mut self.objects);
         trim(&mut self.open_members);
         trim(&mut self.ordered);
+        // Each key's string is the request's own; only the vector is kept.
+        self.escaped_keys.clear();
         trim(&mut self.escaped_keys);
     }
 
