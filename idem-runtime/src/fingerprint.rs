@@ -201,13 +201,11 @@ impl Canonical {
         let mut next = self.objects.partition_point(|o| o.open < from);
         while let Some(object) = self.objects.get(next).filter(|o| o.open < to) {
             h.update(self.out.get(at..object.open).unwrap_or_default());
+            h.update(b"{");
             match &object.reordered {
-                None => {
-                    h.update(b"{");
-                    self.hash_range(h, object.open + 1, object.close);
-                }
+                // In order: its bytes as written, up to its `}`, each object inside it in order.
+                None => self.hash_range(h, object.open + 1, object.close),
                 Some(members) => {
-                    h.update(b"{");
                     for (i, member) in self
                         .ordered
                         .get(members.clone())
