@@ -315,6 +315,8 @@ impl<'de> DeserializeSeed<'de> for Write<'_> {
     }
 }
 
+/// The calls serde_json's `deserialize_any` makes (it reports `null` as a unit, never as an option;
+/// an escaped string arrives through `visit_str`, which the default `visit_string` calls).
 impl<'de> Visitor<'de> for Write<'_> {
     type Value = ();
 
@@ -345,13 +347,6 @@ impl<'de> Visitor<'de> for Write<'_> {
     fn visit_unit<E>(self) -> Result<(), E> {
         self.0.out.extend_from_slice(b"null");
         Ok(())
-    }
-    fn visit_none<E>(self) -> Result<(), E> {
-        self.0.out.extend_from_slice(b"null");
-        Ok(())
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        self.deserialize(d)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let canon = self.0;
