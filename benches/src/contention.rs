@@ -119,3 +119,92 @@ pub(crate) async fn run(handles: &[(Backend, Handle)]) {
         );
     }
 }
+
+/// The transactional storm's handler times: the last outlasts the pool's acquire timeout
+/// (`DEFAULT_ACQUIRE_TIMEOUT`, 3 s), which is where duplicates holding connections turned into 503s.
+const TX_HOLDS_MS: [u64; 3] = [10, 1000, 4000];
+
+/// The same storm in transactional mode on PostgreSQL (`Transactional::begin`, the store's default
+/// pool), with one request on another key sent halfway through the original's handler: the pool
+/// in use at that moment and how long that request takes show whether the waiting duplicates hold
+/// connections (they wait for the key's turn instead, `transaction::turns`).
+pub(crate) async fn transactional(handles: &[(Backend, Handle)]) {
+    use idem_runtime::transaction::{Transactional, TxBegin};
+    let Some(store) = handles.iter().find_map(|(_, h)| match h {
+        Handle::Postgres(s) => Some(s.clone()),
+        _ => None,
+    }) else {
+        return;
+    };
+    println!("\n### Transactional mode (PostgreSQL): {WAITERS} concurrent requests on one key\n");
+    println!("Through `Transactional::begin` on the store's default pool; the one that claims holds its transaction open for the handler time, then completes and commits. Halfway through, one request on another key is sent through the same engine.\n");
+    println!("| handler time | executions | replays / errors | all answered after | connections in use when the other key is sent | the other key answered after |");
+    println!("|---|---|---|---|---|---|");
+    let id = std::process::id();
+    for hold in TX_HOLDS_MS {
+        let txn = Transactional::new(Engine::from_arc(store.clone()), store.clone())
+            .expect("the engine's own store");
+        let key = RecordKey::new("contention-tx", format!("{hold}-{id}"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(WAITERS));
+        let executions = Arc::new(AtomicU64::new(0));
+        let replays = Arc::new(AtomicU64::new(0));
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let start = Instant::now();
+        let mut tasks = Vec::with_capacity(WAITERS);
+        for _ in 0..WAITERS {
+            let (txn, key, barrier) = (txn.clone(), key.clone(), barrier.clone());
+            let (executions, replays) = (executions.clone(), replays.clone());
+            let entered = entered.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                match txn.begin(key, fingerprint(), &POLICY).await {
+                    Ok(TxBegin::Execute(claim)) => {
+                        executions.fetch_add(1, Relaxed);
+                        entered.notify_one();
+                        tokio::time::sleep(Duration::from_millis(hold)).await;
+                        claim.complete(&response()).await.is_ok()
+                    }
+                    Ok(TxBegin::Replay(_)) => {
+                        replays.fetch_add(1, Relaxed);
+                        true
+                    }
+                    Err(_) => false,
+                }
+                .then(Instant::now)
+            }));
+        }
+        entered.notified().await;
+        tokio::time::sleep(Duration::from_millis(hold / 2)).await;
+        let pool = store.pool();
+        let in_use = pool.size() as usize - pool.num_idle();
+        let other = RecordKey::new("contention-tx", format!("other-{hold}-{id}"));
+        let sent = Instant::now();
+        let other_ok = match txn.begin(other, fingerprint(), &POLICY).await {
+            Ok(TxBegin::Execute(claim)) => claim.complete(&response()).await.is_ok(),
+            _ => false,
+        };
+        let other_after = sent.elapsed();
+        let mut last = start;
+        let mut errors = 0;
+        for t in tasks {
+            match t.await.expect("waiter panicked") {
+                Some(at) => last = last.max(at),
+                None => errors += 1,
+            }
+        }
+        let executions = executions.load(Relaxed);
+        println!(
+            "| {hold} ms | {executions} | {} / {errors} | {} | {in_use} of {} | {}{} |",
+            replays.load(Relaxed),
+            dur(last - start),
+            pool.options().get_max_connections(),
+            dur(other_after),
+            if other_ok { "" } else { " (failed)" },
+        );
+        report::target(
+            format!("PostgreSQL transactional, {hold} ms handler: {WAITERS} requests on one key run once, the others replay"),
+            format!("{executions} executions, {errors} errors"),
+            executions == 1 && errors == 0,
+        );
+    }
+}

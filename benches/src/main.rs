@@ -98,6 +98,7 @@ async fn run(section: &str) {
     }
     if all || section == "contention" {
         contention::run(&handles).await;
+        contention::transactional(&handles).await;
     }
     if all || section == "scale" {
         // Stores of its own, emptied: the sections before it leave records behind (the throughput
