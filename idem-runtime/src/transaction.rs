@@ -9,8 +9,8 @@
 //! 1. The key is first looked up outside any transaction (one primary-key read). A completed,
 //!    mismatched or expired key is answered from that read: **replays and rejections never open a
 //!    transaction nor take a write lock.**
-//! 2. Otherwise a transaction is opened and the key is claimed *inside it*: an uncommitted in-flight
-//!    record.
+//! 2. Otherwise, once no identical request of this process has a transaction open (below), a
+//!    transaction is opened and the key is claimed *inside it*: an uncommitted in-flight record.
 //! 3. The handler writes through the same transaction ([`Tx`]).
 //! 4. The response is stored into the record in the same transaction, which then commits.
 //!
@@ -22,11 +22,21 @@
 //! plain read before the transaction opens (which is all a replay costs). Counted on the wire by
 //! `cargo run --release -p idem-bench -- roundtrips`.
 //!
-//! # Duplicates wait on the unique index
+//! # Duplicates wait for the key's turn, then on the unique index
 //!
-//! The in-flight record is uncommitted, so nobody else can see it. An identical request that
-//! arrives meanwhile finds nothing in its look-up, opens its own transaction and tries to insert the
-//! same key:
+//! The in-flight record is uncommitted, so nobody else can see it: an identical request that
+//! arrives meanwhile finds nothing in its look-up.
+//!
+//! **In the same process**, it then finds the key's *turn* taken: a request takes it before it
+//! opens a transaction and keeps it until its claim commits or rolls back (through this
+//! `Transactional` and its clones). The duplicate waits for that turn to end, bounded by the
+//! policy's `wait`, holding no database connection, and reads the key again: it replays the
+//! committed response, or after a rollback claims the key itself. So a burst of retries of one slow
+//! request holds one connection, not the pool (measured: `cargo run --release -p idem-bench --
+//! contention`, and `a_duplicate_storm_leaves_the_pool_to_other_keys` in the PostgreSQL tests).
+//!
+//! **In another process** (or through another `Transactional` on the store), it opens its own
+//! transaction and tries to insert the same key, one request per process and key at a time:
 //!
 //! - **PostgreSQL** blocks that insert on the primary key until the first transaction ends. If it
 //!   commits, the insert does nothing and the claim reads the completed record: the duplicate
@@ -41,8 +51,8 @@
 //!   bounded by `wait`; another process is waited out with the connection's busy timeout. Every
 //!   other write to the file waits for the transaction too: that is SQLite.
 //!
-//! A duplicate still blocked when `wait` runs out gets [`Rejection::InFlight`] (HTTP 409 with
-//! `Retry-After`).
+//! A duplicate still waiting, for the turn or on the index, when `wait` runs out gets
+//! [`Rejection::InFlight`] (HTTP 409 with `Retry-After`).
 //!
 //! # No leases, no takeover
 //!
@@ -103,6 +113,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
+use turns::{Turn, Turns, Waited};
+
+mod turns;
 
 /// How often a claim starts over after a serialization failure (each one means a concurrent
 /// transaction committed the key, so the next look-up settles it; the bound rules out a loop).
@@ -190,6 +203,8 @@ pub struct StoreMismatch;
 pub struct Transactional<S: TransactionalStore> {
     engine: Engine,
     store: Arc<S>,
+    /// Shared by the clones: one open transactional claim per key among them (see `turns`).
+    turns: Arc<Turns>,
 }
 
 impl<S: TransactionalStore> Clone for Transactional<S> {
@@ -197,6 +212,7 @@ impl<S: TransactionalStore> Clone for Transactional<S> {
         Self {
             engine: self.engine.clone(),
             store: self.store.clone(),
+            turns: self.turns.clone(),
         }
     }
 }
@@ -233,7 +249,11 @@ impl<S: TransactionalStore> Transactional<S> {
         if !std::ptr::eq(engine_store, Arc::as_ptr(&store).cast::<u8>()) {
             return Err(StoreMismatch);
         }
-        Ok(Self { engine, store })
+        Ok(Self {
+            engine,
+            store,
+            turns: Arc::default(),
+        })
     }
 
     /// The engine (for non-transactional handlers on the same store, and the counters).
@@ -244,6 +264,15 @@ impl<S: TransactionalStore> Transactional<S> {
     /// The store.
     pub fn store(&self) -> &Arc<S> {
         &self.store
+    }
+
+    /// How many requests through this engine (and its clones) wait right now for an identical
+    /// request's open transaction to end before they read the key again.
+    ///
+    /// Public, hidden, for the tests that synchronise on it; not a stable API.
+    #[doc(hidden)]
+    pub fn waiting_for_turns(&self) -> usize {
+        self.turns.waiting()
     }
 
     /// Bounds a step that may legitimately block for `wait`: by `wait` plus the engine's store
@@ -274,6 +303,7 @@ impl<S: TransactionalStore> Transactional<S> {
         let engine = &self.engine;
         let deadline = Instant::now() + policy.wait;
         let mut wait = DuplicateWait::default();
+        let mut waited_for_turn = false;
         let mut retries = 0;
         loop {
             let now = engine.now();
@@ -284,15 +314,35 @@ impl<S: TransactionalStore> Transactional<S> {
                 Err(e) => return Err(engine.unavailable(e, &key, policy)),
             };
             let next = match found {
-                Some(record) if !record.can_take_over(&claim) => {
-                    Some(self.decide(record, fingerprint, now, &key, policy, wait.waited()))
-                }
+                Some(record) if !record.can_take_over(&claim) => Some(self.decide(
+                    record,
+                    fingerprint,
+                    now,
+                    &key,
+                    policy,
+                    wait.waited() || waited_for_turn,
+                )),
                 _ => None,
             };
             let next = match next {
                 Some(next) => next,
                 None => {
-                    // 2. Claim inside a new transaction.
+                    // 2. This process's turn for the key: an identical request's transaction is
+                    // waited out here, without a connection.
+                    let turn = match self.turns.take(&key) {
+                        Ok(turn) => turn,
+                        Err(held) => {
+                            waited_for_turn = true;
+                            if self.turns.wait(held, deadline).await == Waited::TimedOut {
+                                engine.record(Outcome::Conflict, &key, policy);
+                                return Err(Rejection::InFlight {
+                                    retry_after: BLOCKED_RETRY_AFTER,
+                                });
+                            }
+                            continue;
+                        }
+                    };
+                    // 3. Claim inside a new transaction.
                     let wait = deadline.saturating_duration_since(Instant::now());
                     let mut open = match self.bounded(wait, self.store.open(wait)).await {
                         Ok(open) => open,
@@ -318,15 +368,18 @@ impl<S: TransactionalStore> Transactional<S> {
                                 taken_over,
                                 armed: true,
                                 handler: policy.handler,
+                                _turn: turn,
                             }));
                         }
                         Ok(ClaimOutcome::Existing(record)) => {
                             // Read-only so far: ending it undoes nothing, and frees SQLite's writer.
                             rollback(open).await;
+                            drop(turn);
                             self.decide(record, fingerprint, now, &key, policy, true)
                         }
                         Err(failure) => {
                             rollback(open).await;
+                            drop(turn);
                             match self.failed(failure, &key, policy, &mut retries) {
                                 Some(rejection) => return Err(rejection),
                                 None => continue,
@@ -471,6 +524,8 @@ pub struct TxClaim<S: TransactionalStore> {
     taken_over: bool,
     armed: bool,
     handler: &'static str,
+    /// Dropped last, once the transaction has ended: a local duplicate then reads the key again.
+    _turn: Turn,
 }
 
 impl<S: TransactionalStore> std::fmt::Debug for TxClaim<S> {

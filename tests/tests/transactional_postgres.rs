@@ -22,19 +22,21 @@ struct Postgres {
     engine: Engine,
     clock: ManualClock,
     controls: Controls,
+    txn: Transactional<PostgresStore>,
     router: Router,
     // Dropped last: the pools above close first.
     _db: TestDb,
 }
 
 async fn setup() -> Option<Postgres> {
+    // 16 concurrent requests.
+    setup_with(PostgresStore::pool_options().max_connections(24)).await
+}
+
+/// The app on a pool made with `options`.
+async fn setup_with(options: sqlx::postgres::PgPoolOptions) -> Option<Postgres> {
     let db = TestDb::create().await?;
-    // 16 concurrent transactions, plus look-ups.
-    let pool = PostgresStore::pool_options()
-        .max_connections(24)
-        .connect_with(db.options())
-        .await
-        .expect("connect");
+    let pool = options.connect_with(db.options()).await.expect("connect");
     sqlx::query(LEDGER)
         .execute(&pool)
         .await
@@ -46,7 +48,7 @@ async fn setup() -> Option<Postgres> {
     let txn = Transactional::new(engine.clone(), store.clone()).expect("same store");
     let controls = Controls::default();
     let router = router(App {
-        txn,
+        txn: txn.clone(),
         controls: controls.clone(),
     });
     Some(Postgres {
@@ -55,6 +57,7 @@ async fn setup() -> Option<Postgres> {
         engine,
         clock,
         controls,
+        txn,
         router,
         _db: db,
     })
@@ -104,9 +107,15 @@ impl Backend for Postgres {
             .expect("lock");
         Box::new(Locked(tx))
     }
+    fn waiting_for_turns(&self) -> usize {
+        self.txn.waiting_for_turns()
+    }
+}
+
+impl Postgres {
+    /// Returns once `n` transactions of this database are blocked on a lock. PostgreSQL announces
+    /// no lock waits, so this polls pg_locks; the bound only turns a hang into a failure.
     async fn until_blocked(&self, n: usize) {
-        // PostgreSQL announces no lock waits, so this polls pg_locks; the bound only turns a hang
-        // into a failure.
         tokio::time::timeout(Duration::from_secs(60), async {
             loop {
                 let waiting: i64 = sqlx::query_scalar(
@@ -203,4 +212,117 @@ async fn the_handler_runs_under_the_sessions_lock_timeout() {
     assert!(claim.taken_over());
     assert_eq!(shown(&mut claim).await, "7s");
     claim.rollback().await.expect("rollback");
+}
+
+/// Twenty duplicates of a held request wait for its transaction without a connection of their own:
+/// on a pool of three, a request on another key still gets one and answers as new, and once the
+/// original commits every duplicate replays it. (Blocked on the key's unique index instead, two of
+/// them held the pool's other connections and the other key's request failed with 503 when its
+/// acquire timed out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_storm_leaves_the_pool_to_other_keys() {
+    let options = PostgresStore::pool_options()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(2));
+    let Some(b) = setup_with(options).await else {
+        return;
+    };
+    let router = b.router();
+    let body = serde_json::json!({"amount": 5, "hold": true});
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..21 {
+        let (router, body) = (router.clone(), body.clone());
+        tasks.spawn(async move { send(&router, post("/entries", "gail", "storm", body)).await });
+    }
+    b.controls().until_entered(1).await;
+    until_waiting(&b, 20).await;
+
+    let other = send(
+        &router,
+        post("/entries", "gail", "calm", serde_json::json!({"amount": 6})),
+    )
+    .await;
+    assert_eq!(other.status, 201, "{other:?}");
+    assert!(!other.replayed());
+    assert_eq!(b.waiting_for_turns(), 20, "the duplicates still wait");
+
+    // A permit for every request: if a duplicate ever ran, it would not hang, and the rows would
+    // show it.
+    b.controls().release.add_permits(21);
+    let mut replies = Vec::new();
+    while let Some(reply) = tasks.join_next().await {
+        replies.push(reply.expect("request task"));
+    }
+    assert_eq!(
+        b.ledger_rows().await,
+        2,
+        "the storm's row and the other key's"
+    );
+    let id = replies[0].json()["id"].clone();
+    for reply in &replies {
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert_eq!(reply.json()["id"], id);
+    }
+    assert_eq!(replies.iter().filter(|r| !r.replayed()).count(), 1);
+    let metrics = b.engine().metrics();
+    assert_eq!(metrics.get(idem_runtime::metrics::Outcome::Waited), 20);
+}
+
+/// Turns are per process: duplicates sent to a second instance (its own store and pool on the same
+/// database) do not see the first instance's turn. One of them opens a transaction and blocks on
+/// the key's unique index, the others wait for that one's turn; at the commit all of them replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_on_another_instance_wait_on_the_unique_index() {
+    let Some(a) = setup().await else {
+        return;
+    };
+    let pool = PostgresStore::pool_options()
+        .max_connections(8)
+        .connect_with(a._db.options())
+        .await
+        .expect("second pool");
+    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrated"));
+    let engine = Engine::from_arc(store.clone()).with_clock(a.clock.clone());
+    let other_txn = Transactional::new(engine, store).expect("same store");
+    let other_instance = router(App {
+        txn: other_txn.clone(),
+        controls: a.controls.clone(),
+    });
+
+    let body = serde_json::json!({"amount": 8, "hold": true});
+    let original = tokio::spawn({
+        let (router, body) = (a.router(), body.clone());
+        async move { send(&router, post("/entries", "hank", "twice", body)).await }
+    });
+    a.controls().until_entered(1).await;
+    let mut duplicates = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (router, body) = (other_instance.clone(), body.clone());
+        duplicates
+            .spawn(async move { send(&router, post("/entries", "hank", "twice", body)).await });
+    }
+    a.until_blocked(1).await;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while other_txn.waiting_for_turns() < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("three duplicates wait for the one that blocks");
+    assert_eq!(
+        a.waiting_for_turns(),
+        0,
+        "the first instance has no duplicate"
+    );
+
+    a.controls().release.add_permits(5);
+    let original = original.await.expect("original");
+    assert_eq!(original.status, 201, "{original:?}");
+    while let Some(reply) = duplicates.join_next().await {
+        let reply = reply.expect("duplicate");
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert!(reply.replayed(), "{reply:?}");
+        assert_eq!(reply.json(), original.json());
+    }
+    assert_eq!(a.ledger_rows().await, 1);
 }

@@ -20,6 +20,7 @@ struct Sqlite {
     engine: Engine,
     clock: ManualClock,
     controls: Controls,
+    txn: Transactional<SqliteStore>,
     router: Router,
 }
 
@@ -36,7 +37,7 @@ async fn setup() -> Sqlite {
     let txn = Transactional::new(engine.clone(), store.clone()).expect("same store");
     let controls = Controls::default();
     let router = router(App {
-        txn,
+        txn: txn.clone(),
         controls: controls.clone(),
     });
     Sqlite {
@@ -46,6 +47,7 @@ async fn setup() -> Sqlite {
         engine,
         clock,
         controls,
+        txn,
         router,
     }
 }
@@ -103,8 +105,8 @@ impl Backend for Sqlite {
             .expect("write lock");
         Box::new(Locked { conn, _pool: pool })
     }
-    async fn until_blocked(&self, _n: usize) {
-        // SQLite cannot tell who waits for its lock; the cases do not depend on it.
+    fn waiting_for_turns(&self) -> usize {
+        self.txn.waiting_for_turns()
     }
 }
 

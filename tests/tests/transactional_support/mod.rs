@@ -204,8 +204,21 @@ pub trait Backend: Send + Sync {
     /// Holds the database's write lock for idem's records from another connection until dropped
     /// (after it is released with `release`).
     async fn lock_writes(&self) -> Box<dyn WriteLock>;
-    /// Returns once `n` transactions are blocked on a lock (where the database can tell).
-    async fn until_blocked(&self, n: usize);
+    /// How many requests wait for an identical request's transaction to end, in this process.
+    fn waiting_for_turns(&self) -> usize;
+}
+
+/// Returns once `n` requests wait for an identical request's transaction in this process. They
+/// wait without a timer, so this yields until the count is reached; the bound only turns a hang
+/// into a failure.
+pub async fn until_waiting(b: &impl Backend, n: usize) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while b.waiting_for_turns() < n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the duplicates wait for the original");
 }
 
 #[async_trait::async_trait]
@@ -364,8 +377,8 @@ pub async fn a_panic_leaves_neither_row_nor_record(b: &impl Backend) {
 }
 
 /// 16 identical requests at once: one business row; every reply is the same 201, one of them
-/// fresh. The original is held after its write until all 16 have arrived (and, where the database
-/// shows it, until the other 15 are blocked on the key).
+/// fresh. The original is held after its write until the other 15 wait for its transaction to end
+/// (in this process they wait for the key's turn, holding no connection: `transaction::turns`).
 pub async fn sixteen_identical_requests_write_once(b: &impl Backend) {
     let router = b.router();
     let body = json!({"amount": 700, "hold": true});
@@ -377,7 +390,7 @@ pub async fn sixteen_identical_requests_write_once(b: &impl Backend) {
     }
     b.controls().until_arrived(16).await;
     b.controls().until_entered(1).await;
-    b.until_blocked(15).await;
+    until_waiting(b, 15).await;
     // Enough permits for every request: if more than one ever ran, none would hang, and the row
     // count below would show it.
     b.controls().release.add_permits(16);
