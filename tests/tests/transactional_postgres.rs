@@ -151,6 +151,7 @@ cases!(
     a_server_error_leaves_neither_row_nor_record,
     a_panic_leaves_neither_row_nor_record,
     sixteen_identical_requests_write_once,
+    a_duplicate_runs_once_the_original_rolls_back,
     a_duplicate_blocked_past_the_wait_gets_409,
     mismatch_and_expired_still_work,
     a_replay_opens_no_write,

@@ -131,6 +131,11 @@ async fn sixteen_identical_requests_write_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_runs_once_the_original_rolls_back() {
+    transactional_support::a_duplicate_runs_once_the_original_rolls_back(&setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_blocked_past_the_wait_gets_409() {
     transactional_support::a_duplicate_blocked_past_the_wait_gets_409(&setup().await).await;
 }

@@ -69,12 +69,10 @@ impl Turns {
         mut receiver: watch::Receiver<()>,
         deadline: Instant,
     ) -> Waited {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _counted = Counted::new(&self.waiting);
         // The sender is only ever dropped, never used to send: `changed` returns once it is gone
         // (at once if it is already gone).
-        let outcome = tokio::time::timeout_at(deadline, receiver.changed()).await;
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        match outcome {
+        match tokio::time::timeout_at(deadline, receiver.changed()).await {
             Ok(_) => Waited::Ended,
             Err(_) => Waited::TimedOut,
         }
@@ -83,6 +81,22 @@ impl Turns {
     /// How many requests wait for a turn right now.
     pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// One in `count` for as long as it lives: a wait cancelled with its request is uncounted too.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -152,6 +166,27 @@ mod tests {
         let far = before + Duration::from_secs(60);
         assert_eq!(turns.wait(receiver, far).await, Waited::Ended);
         assert_eq!(Instant::now(), before);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_wait_is_no_longer_counted() {
+        let turns = Arc::new(Turns::default());
+        let _turn = turns.take(&key("a")).expect("free");
+        let receiver = turns.take(&key("a")).expect_err("taken");
+        let waiter = tokio::spawn({
+            let turns = turns.clone();
+            async move {
+                turns
+                    .wait(receiver, Instant::now() + Duration::from_secs(60))
+                    .await
+            }
+        });
+        while turns.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        waiter.abort();
+        assert!(waiter.await.expect_err("aborted").is_cancelled());
+        assert_eq!(turns.waiting(), 0);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use idem_runtime::metrics::Outcome;
 use idem_runtime::{Engine, Record, RecordState};
 use serde_json::{json, Value};
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
@@ -39,6 +40,8 @@ pub struct Controls {
     pub entered: watch::Sender<usize>,
     /// Held requests wait for a permit here.
     pub release: Arc<Semaphore>,
+    /// How many of the next handler runs answer 500 after their write (and after their hold).
+    pub fail_next: Arc<AtomicUsize>,
 }
 
 impl Default for Controls {
@@ -47,6 +50,7 @@ impl Default for Controls {
             arrived: watch::Sender::new(0),
             entered: watch::Sender::new(0),
             release: Arc::new(Semaphore::new(0)),
+            fail_next: Arc::default(),
         }
     }
 }
@@ -136,7 +140,15 @@ macro_rules! transactional_app {
             if req.hold {
                 controls.release.acquire().await.expect("semaphore open").forget();
             }
-            match req.fail.as_deref() {
+            let fail_now = controls
+                .fail_next
+                .fetch_update(
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                    |n| n.checked_sub(1),
+                )
+                .is_ok();
+            match req.fail.as_deref().or(fail_now.then_some("500")) {
                 Some("500") => {
                     return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "failed after writing")
                         .into_response()
@@ -406,6 +418,36 @@ pub async fn sixteen_identical_requests_write_once(b: &impl Backend) {
         assert_eq!(reply.json()["id"], id);
     }
     assert_eq!(replies.iter().filter(|r| !r.replayed()).count(), 1);
+}
+
+/// A duplicate that waits for an original which then fails (500: its transaction rolls back) runs
+/// the handler itself once the original's transaction has ended, and only its write remains.
+pub async fn a_duplicate_runs_once_the_original_rolls_back(b: &impl Backend) {
+    b.controls().fail_next.store(1, Ordering::Relaxed);
+    let router = b.router();
+    let body = json!({"amount": 2, "hold": true});
+    let original = tokio::spawn({
+        let (router, body) = (router.clone(), body.clone());
+        async move { send(&router, post("/entries", "ivy", "again", body)).await }
+    });
+    b.controls().until_entered(1).await;
+    let duplicate = tokio::spawn({
+        let (router, body) = (router.clone(), body.clone());
+        async move { send(&router, post("/entries", "ivy", "again", body)).await }
+    });
+    until_waiting(b, 1).await;
+    b.controls().release.add_permits(2);
+    let original = original.await.expect("original");
+    assert_eq!(original.status, 500, "{original:?}");
+    let duplicate = duplicate.await.expect("duplicate");
+    assert_eq!(duplicate.status, 201, "{duplicate:?}");
+    assert!(!duplicate.replayed(), "it ran: {duplicate:?}");
+    assert_eq!(*b.controls().entered.borrow(), 2);
+    assert_eq!(
+        b.ledger_rows().await,
+        1,
+        "the failed run's write was rolled back"
+    );
 }
 
 /// A duplicate still blocked when the policy's wait ends gets 409 + Retry-After; once the original
