@@ -68,6 +68,9 @@ pub(crate) struct Wire {
     pub(crate) round_trips: AtomicU64,
     /// PostgreSQL: `Bind` and simple `Query` messages (one per statement executed).
     pub(crate) statements: AtomicU64,
+    /// PostgreSQL: the `Bind` messages sent while the connection had a transaction open (after a
+    /// simple query that begins one, before one that commits or rolls it back).
+    pub(crate) in_transaction: AtomicU64,
     /// PostgreSQL: writes that are a lone `Sync` (sqlx pings each connection as it returns to
     /// the pool, off the request's path).
     pub(crate) pings: AtomicU64,
@@ -76,12 +79,13 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
-    pub(crate) fn snapshot(&self) -> [u64; 4] {
+    pub(crate) fn snapshot(&self) -> [u64; 5] {
         [
             self.round_trips.load(Relaxed),
             self.statements.load(Relaxed),
             self.pings.load(Relaxed),
             self.connections.load(Relaxed),
+            self.in_transaction.load(Relaxed),
         ]
     }
 }
@@ -128,8 +132,9 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: b
             }
             a.store(true, Relaxed);
             if postgres {
-                let statements = parser.feed(chunk);
-                wire.statements.fetch_add(statements, Relaxed);
+                let seen = parser.feed(chunk);
+                wire.statements.fetch_add(seen.statements, Relaxed);
+                wire.in_transaction.fetch_add(seen.in_transaction, Relaxed);
             }
             if sw.write_all(chunk).await.is_err() {
                 break;
@@ -158,12 +163,37 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: b
 struct PgParser {
     buf: Vec<u8>,
     started: bool,
+    /// Whether the connection has a transaction open. sqlx begins, commits and rolls back with
+    /// simple queries (`BEGIN…`, `COMMIT`, `ROLLBACK`) and binds every other statement.
+    in_transaction: bool,
+}
+
+/// Statements in one chunk of the client's stream.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Seen {
+    statements: u64,
+    in_transaction: u64,
+}
+
+/// Whether a simple query's text begins a transaction (`Some(true)`), ends one (`Some(false)`), or
+/// neither.
+fn transaction_control(query: &[u8]) -> Option<bool> {
+    let text = String::from_utf8_lossy(query);
+    let word = text
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()?;
+    match word.to_ascii_uppercase().as_str() {
+        "BEGIN" | "START" => Some(true),
+        "COMMIT" | "END" | "ROLLBACK" | "ABORT" => Some(false),
+        _ => None,
+    }
 }
 
 impl PgParser {
-    fn feed(&mut self, chunk: &[u8]) -> u64 {
+    fn feed(&mut self, chunk: &[u8]) -> Seen {
         self.buf.extend_from_slice(chunk);
-        let mut statements = 0;
+        let mut seen = Seen::default();
         loop {
             if !self.started {
                 if self.buf.len() < 4 {
@@ -186,11 +216,75 @@ impl PgParser {
             if self.buf.len() < 1 + len {
                 break;
             }
-            if matches!(self.buf[0], b'B' | b'Q') {
-                statements += 1;
+            match self.buf[0] {
+                b'B' => {
+                    seen.statements += 1;
+                    seen.in_transaction += u64::from(self.in_transaction);
+                }
+                b'Q' => {
+                    seen.statements += 1;
+                    // The query text follows the 4-byte length, NUL-terminated.
+                    let query = self.buf.get(5..1 + len).unwrap_or_default();
+                    if let Some(open) = transaction_control(query) {
+                        self.in_transaction = open;
+                    }
+                }
+                _ => {}
             }
             self.buf.drain(..1 + len);
         }
-        statements
+        seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&u32::try_from(body.len() + 4).expect("small").to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn binds_between_a_begin_and_its_commit_count_as_in_the_transaction() {
+        let mut parser = PgParser {
+            started: true,
+            ..PgParser::default()
+        };
+        let mut stream = message(b'B', b"outside");
+        stream.extend(message(b'Q', b"BEGIN; SET LOCAL lock_timeout = 5\0"));
+        stream.extend(message(b'B', b"claim"));
+        stream.extend(message(b'E', b""));
+        stream.extend(message(b'B', b"write"));
+        stream.extend(message(b'Q', b"COMMIT\0"));
+        stream.extend(message(b'B', b"after"));
+        // Split mid-message, as TCP may.
+        let (first, second) = stream.split_at(9);
+        let mut seen = parser.feed(first);
+        let rest = parser.feed(second);
+        seen.statements += rest.statements;
+        seen.in_transaction += rest.in_transaction;
+        assert_eq!(
+            seen,
+            Seen {
+                statements: 6,
+                in_transaction: 2
+            }
+        );
+        assert!(!parser.in_transaction);
+    }
+
+    #[test]
+    fn transaction_control_reads_the_first_word() {
+        assert_eq!(
+            transaction_control(b"  begin isolation level serializable\0"),
+            Some(true)
+        );
+        assert_eq!(transaction_control(b"ROLLBACK\0"), Some(false));
+        assert_eq!(transaction_control(b"SELECT 1\0"), None);
+        assert_eq!(transaction_control(b"\0"), None);
     }
 }
