@@ -226,8 +226,10 @@ use proc_macro::TokenStream;
 /// response commit together or not at all, so a crash at any point never loses nor repeats the
 /// effect, and no extra commit is paid. A 5xx, a panic or a cancelled request rolls everything
 /// back; a failed commit answers 503 instead of the handler's response. Identical requests arriving
-/// meanwhile wait on the key (up to `wait`), then replay. Replays, mismatches and expired keys are
-/// answered from a plain read and never open a transaction. See `idem_runtime::transaction`.
+/// meanwhile wait for the original's transaction to end (up to `wait`; in this process without
+/// holding a connection), then replay, or after a rollback one of them runs. Replays, mismatches
+/// and expired keys are answered from a plain read and never open a transaction. See
+/// `idem_runtime::transaction`.
 ///
 /// The router state must provide the store's `idem_runtime::Transactional` engine (`FromRef`),
 /// which the application's tables share with idem's records (same database). A state without it

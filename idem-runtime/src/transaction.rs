@@ -28,15 +28,16 @@
 //! arrives meanwhile finds nothing in its look-up.
 //!
 //! **In the same process**, it then finds the key's *turn* taken: a request takes it before it
-//! opens a transaction and keeps it until its claim commits or rolls back (through this
-//! `Transactional` and its clones). The duplicate waits for that turn to end, bounded by the
-//! policy's `wait`, holding no database connection, and reads the key again: it replays the
-//! committed response, or after a rollback claims the key itself. So a burst of retries of one slow
-//! request holds one connection, not the pool (measured: `cargo run --release -p idem-bench --
-//! contention`, and `a_duplicate_storm_leaves_the_pool_to_other_keys` in the PostgreSQL tests).
+//! opens a transaction and keeps it until its claim commits or rolls back (the turns are the
+//! store's, shared by every `Transactional` on it). The duplicate waits for that turn to end,
+//! bounded by the policy's `wait`, holding no database connection, and reads the key again: it
+//! replays the committed response, or after a rollback claims the key itself. So a burst of
+//! retries of one slow request holds one connection, not the pool (measured: `cargo run --release
+//! -p idem-bench -- contention`, and `a_duplicate_storm_leaves_the_pool_to_other_keys` in the
+//! PostgreSQL tests).
 //!
-//! **In another process** (or through another `Transactional` on the store), it opens its own
-//! transaction and tries to insert the same key, one request per process and key at a time:
+//! **In another process** (or through another `PostgresStore` on the same database), it opens its
+//! own transaction and tries to insert the same key, one request per process and key at a time:
 //!
 //! - **PostgreSQL** blocks that insert on the primary key until the first transaction ends. If it
 //!   commits, the insert does nothing and the claim reads the completed record: the duplicate
@@ -65,9 +66,10 @@
 //! # Isolation
 //!
 //! The transaction uses the database's default isolation level (READ COMMITTED on PostgreSQL unless
-//! configured otherwise). Under REPEATABLE READ or SERIALIZABLE, a duplicate blocked on the key
-//! fails with a serialization error once the original commits; the claim then starts over with a
-//! new transaction and replays.
+//! configured otherwise). Under REPEATABLE READ or SERIALIZABLE, a duplicate from another process
+//! blocked on the key fails with a serialization error once the original commits; the claim then
+//! starts over with a new transaction and replays. (A duplicate in the same process waits for the
+//! turn instead, and its fresh look-up sees the commit.)
 //!
 //! # Use by hand
 //!
@@ -113,9 +115,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
-use turns::{Turn, Turns, Waited};
+use turns::{Turn, Waited};
 
 mod turns;
+#[doc(hidden)]
+pub use turns::Turns;
 
 /// How often a claim starts over after a serialization failure (each one means a concurrent
 /// transaction committed the key, so the next look-up settles it; the bound rules out a loop).
@@ -185,6 +189,12 @@ pub trait TransactionalStore: Store + sealed::Sealed {
     /// Wakes this process's waiters after a commit.
     #[doc(hidden)]
     fn committed(&self, key: &RecordKey);
+
+    /// Which keys have a transactional claim open in this process (see the module documentation):
+    /// one set per store, shared by every [`Transactional`] on it (on SQLite, by every handle on the
+    /// same file).
+    #[doc(hidden)]
+    fn turns(&self) -> &Arc<Turns>;
 }
 
 /// The database error code behind a store error, if any (`55P03`, `40001`, `5`, ...).
@@ -203,8 +213,6 @@ pub struct StoreMismatch;
 pub struct Transactional<S: TransactionalStore> {
     engine: Engine,
     store: Arc<S>,
-    /// Shared by the clones: one open transactional claim per key among them (see `turns`).
-    turns: Arc<Turns>,
 }
 
 impl<S: TransactionalStore> Clone for Transactional<S> {
@@ -212,7 +220,6 @@ impl<S: TransactionalStore> Clone for Transactional<S> {
         Self {
             engine: self.engine.clone(),
             store: self.store.clone(),
-            turns: self.turns.clone(),
         }
     }
 }
@@ -249,11 +256,7 @@ impl<S: TransactionalStore> Transactional<S> {
         if !std::ptr::eq(engine_store, Arc::as_ptr(&store).cast::<u8>()) {
             return Err(StoreMismatch);
         }
-        Ok(Self {
-            engine,
-            store,
-            turns: Arc::default(),
-        })
+        Ok(Self { engine, store })
     }
 
     /// The engine (for non-transactional handlers on the same store, and the counters).
@@ -266,13 +269,13 @@ impl<S: TransactionalStore> Transactional<S> {
         &self.store
     }
 
-    /// How many requests through this engine (and its clones) wait right now for an identical
-    /// request's open transaction to end before they read the key again.
+    /// How many requests on this store in this process wait right now for an identical request's
+    /// open transaction to end before they read the key again.
     ///
     /// Public, hidden, for the tests that synchronise on it; not a stable API.
     #[doc(hidden)]
     pub fn waiting_for_turns(&self) -> usize {
-        self.turns.waiting()
+        self.store.turns().waiting()
     }
 
     /// Bounds a step that may legitimately block for `wait`: by `wait` plus the engine's store
@@ -329,11 +332,12 @@ impl<S: TransactionalStore> Transactional<S> {
                 None => {
                     // 2. This process's turn for the key: an identical request's transaction is
                     // waited out here, without a connection.
-                    let turn = match self.turns.take(&key) {
+                    let turns = self.store.turns();
+                    let turn = match turns.take(&key) {
                         Ok(turn) => turn,
                         Err(held) => {
                             waited_for_turn = true;
-                            if self.turns.wait(held, deadline).await == Waited::TimedOut {
+                            if turns.wait(held, deadline).await == Waited::TimedOut {
                                 engine.record(Outcome::Conflict, &key, policy);
                                 return Err(Rejection::InFlight {
                                     retry_after: BLOCKED_RETRY_AFTER,
@@ -524,7 +528,11 @@ pub struct TxClaim<S: TransactionalStore> {
     taken_over: bool,
     armed: bool,
     handler: &'static str,
-    /// Dropped last, once the transaction has ended: a local duplicate then reads the key again.
+    /// Dropped last, when the transaction has committed or rolled back; a local duplicate then
+    /// reads the key again. When the claim is dropped instead (a cancelled request, a panic),
+    /// sqlx has only queued the rollback, which it runs as the connection returns to the pool: a
+    /// duplicate woken meanwhile waits for it on the unique index (PostgreSQL) or for the write
+    /// lock (SQLite), as one from another process would.
     _turn: Turn,
 }
 

@@ -113,6 +113,24 @@ impl Backend for Postgres {
 }
 
 impl Postgres {
+    /// A second instance of the app on the same database, as another process would run it: a
+    /// store and pool of its own (so turns of its own), the same clock and controls.
+    async fn another_instance(&self) -> (Transactional<PostgresStore>, Router) {
+        let pool = PostgresStore::pool_options()
+            .max_connections(8)
+            .connect_with(self._db.options())
+            .await
+            .expect("second pool");
+        let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrated"));
+        let engine = Engine::from_arc(store.clone()).with_clock(self.clock.clone());
+        let txn = Transactional::new(engine, store).expect("same store");
+        let router = router(App {
+            txn: txn.clone(),
+            controls: self.controls.clone(),
+        });
+        (txn, router)
+    }
+
     /// Returns once `n` transactions of this database are blocked on a lock. PostgreSQL announces
     /// no lock waits, so this polls pg_locks; the bound only turns a hang into a failure.
     async fn until_blocked(&self, n: usize) {
@@ -277,18 +295,7 @@ async fn duplicates_on_another_instance_wait_on_the_unique_index() {
     let Some(a) = setup().await else {
         return;
     };
-    let pool = PostgresStore::pool_options()
-        .max_connections(8)
-        .connect_with(a._db.options())
-        .await
-        .expect("second pool");
-    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrated"));
-    let engine = Engine::from_arc(store.clone()).with_clock(a.clock.clone());
-    let other_txn = Transactional::new(engine, store).expect("same store");
-    let other_instance = router(App {
-        txn: other_txn.clone(),
-        controls: a.controls.clone(),
-    });
+    let (other_txn, other_instance) = a.another_instance().await;
 
     let body = serde_json::json!({"amount": 8, "hold": true});
     let original = tokio::spawn({
@@ -326,4 +333,138 @@ async fn duplicates_on_another_instance_wait_on_the_unique_index() {
         assert_eq!(reply.json(), original.json());
     }
     assert_eq!(a.ledger_rows().await, 1);
+}
+
+/// A duplicate from another instance blocks on the key's unique index under idem's `lock_timeout`:
+/// with `wait = "0s"` the lock wait fails at once (55P03) and the duplicate gets 409 +
+/// `Retry-After`, counted as a conflict; the original still commits and the next retry replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_on_another_instance_blocked_past_the_wait_gets_409() {
+    let Some(a) = setup().await else {
+        return;
+    };
+    let (other_txn, other_instance) = a.another_instance().await;
+    let body = serde_json::json!({"amount": 9, "hold": true});
+    let original = tokio::spawn({
+        let (router, body) = (a.router(), body.clone());
+        async move { send(&router, post("/quick", "ivan", "q", body)).await }
+    });
+    a.controls().until_entered(1).await;
+    let blocked = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(&other_instance, post("/quick", "ivan", "q", body.clone())),
+    )
+    .await
+    .expect("the duplicate answers at the end of its wait");
+    assert_eq!(blocked.status, 409, "{blocked:?}");
+    assert_eq!(
+        blocked.headers.get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let conflicts = other_txn.engine().metrics();
+    assert_eq!(conflicts.get(idem_runtime::metrics::Outcome::Conflict), 1);
+    assert_eq!(
+        other_txn.waiting_for_turns(),
+        0,
+        "it was blocked on the index, not on a turn"
+    );
+    a.controls().release.add_permits(1);
+    let original = original.await.expect("original");
+    assert_eq!(original.status, 201, "{original:?}");
+    let retry = send(&other_instance, post("/quick", "ivan", "q", body)).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(a.ledger_rows().await, 1);
+}
+
+/// The turn is released only once the transaction has committed: with the original's `COMMIT` held
+/// up (a deferred trigger on the ledger waits for an advisory lock the test holds), duplicates sent
+/// meanwhile find the turn still taken and wait for it, rather than opening transactions of their
+/// own to block on the key's index, and replay once the commit goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_turn_outlasts_the_commit() {
+    let Some(b) = setup().await else {
+        return;
+    };
+    for ddl in [
+        "CREATE FUNCTION commit_gate() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER commit_gate AFTER INSERT ON ledger
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION commit_gate()",
+    ] {
+        sqlx::query(ddl)
+            .execute(&b.checks)
+            .await
+            .expect("commit gate");
+    }
+    let mut gate = b.checks.acquire().await.expect("gate connection");
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut *gate)
+        .await
+        .expect("hold the gate");
+
+    let router = b.router();
+    let body = serde_json::json!({"amount": 12});
+    let original = tokio::spawn({
+        let (router, body) = (router.clone(), body.clone());
+        async move { send(&router, post("/entries", "judy", "slow-commit", body)).await }
+    });
+    b.until_blocked(1).await; // the original's COMMIT, in the deferred trigger
+    let mut duplicates = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let (router, body) = (router.clone(), body.clone());
+        duplicates.spawn(async move {
+            send(&router, post("/entries", "judy", "slow-commit", body)).await
+        });
+    }
+    until_waiting(&b, 5).await;
+
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut *gate)
+        .await
+        .expect("open the gate");
+    let original = original.await.expect("original");
+    assert_eq!(original.status, 201, "{original:?}");
+    while let Some(reply) = duplicates.join_next().await {
+        let reply = reply.expect("duplicate");
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert!(reply.replayed(), "{reply:?}");
+        assert_eq!(reply.json(), original.json());
+    }
+    assert_eq!(b.ledger_rows().await, 1);
+}
+
+/// Turns belong to the store: a second `Transactional` built on the same store object (another
+/// router's state, say) shares them, so its duplicate waits for the turn, not on the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_transactional_on_one_store_shares_its_turns() {
+    let Some(b) = setup().await else {
+        return;
+    };
+    let second = Transactional::new(
+        Engine::from_arc(b.store.clone()).with_clock(b.clock.clone()),
+        b.store.clone(),
+    )
+    .expect("same store");
+    let second_router = router(App {
+        txn: second,
+        controls: b.controls.clone(),
+    });
+    let body = serde_json::json!({"amount": 3, "hold": true});
+    let original = tokio::spawn({
+        let (router, body) = (b.router(), body.clone());
+        async move { send(&router, post("/entries", "kate", "shared", body)).await }
+    });
+    b.controls().until_entered(1).await;
+    let duplicate = tokio::spawn({
+        let body = body.clone();
+        async move { send(&second_router, post("/entries", "kate", "shared", body)).await }
+    });
+    until_waiting(&b, 1).await;
+    b.controls().release.add_permits(2);
+    let original = original.await.expect("original");
+    let duplicate = duplicate.await.expect("duplicate");
+    assert_eq!(original.status, 201, "{original:?}");
+    assert!(duplicate.replayed(), "{duplicate:?}");
+    assert_eq!(duplicate.json(), original.json());
 }

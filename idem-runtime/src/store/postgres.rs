@@ -270,6 +270,8 @@ AND retain_until <= $1";
 pub struct PostgresStore {
     pool: PgPool,
     waiters: Arc<Waiters>,
+    /// Transactional claims open in this process, by key (`transaction::turns`).
+    turns: Arc<crate::transaction::Turns>,
     _listener: ListenerTask,
 }
 
@@ -406,6 +408,7 @@ impl PostgresStore {
         let store = Self {
             pool,
             waiters,
+            turns: Arc::default(),
             _listener: ListenerTask(task),
         };
         (store, ready)
@@ -545,8 +548,10 @@ const RESTORE_LOCK_TIMEOUT: &str =
 impl crate::transaction::sealed::Sealed for PostgresStore {}
 
 /// Transactional mode (see [`crate::transaction`]): the claim blocks on the primary key while an
-/// identical request's transaction runs, for at most the policy's `wait` (`SET LOCAL lock_timeout`,
-/// set with the `BEGIN` in one round trip and restored after the claim).
+/// identical request's transaction from another process (or another store on the database) runs,
+/// for at most the policy's `wait` (`SET LOCAL lock_timeout`, set with the `BEGIN` in one round
+/// trip and restored after the claim). Identical requests in this process wait for the key's turn
+/// instead, without a connection.
 #[async_trait::async_trait]
 impl TransactionalStore for PostgresStore {
     type Database = sqlx::Postgres;
@@ -603,6 +608,10 @@ impl TransactionalStore for PostgresStore {
 
     fn committed(&self, key: &RecordKey) {
         self.waiters.notify(key);
+    }
+
+    fn turns(&self) -> &Arc<crate::transaction::Turns> {
+        &self.turns
     }
 }
 

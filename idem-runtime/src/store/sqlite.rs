@@ -186,6 +186,8 @@ struct Shared {
     /// lock and back off in its busy handler (which sleeps in growing steps).
     /// Shared (`Arc`) so that a transactional claim can hold it until its transaction ends.
     write_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Transactional claims open in this process, by key (`transaction::turns`).
+    turns: Arc<crate::transaction::Turns>,
 }
 
 /// The shared state of each open database file, by canonical path (in-memory databases by their
@@ -466,8 +468,9 @@ impl Store for SqliteStore {
 impl crate::transaction::sealed::Sealed for SqliteStore {}
 
 /// Transactional mode (see [`crate::transaction`]): `BEGIN IMMEDIATE` after the store's write gate,
-/// which the transaction holds until it ends, so identical requests in this process queue fairly
-/// (bounded by the policy's `wait`) instead of sleeping in SQLite's busy handler.
+/// which the transaction holds until it ends, so transactional claims in this process queue fairly
+/// (bounded by the policy's `wait`) instead of sleeping in SQLite's busy handler. Identical requests
+/// wait before that, for the key's turn (shared by every handle on the file).
 #[async_trait::async_trait]
 impl TransactionalStore for SqliteStore {
     type Database = sqlx::Sqlite;
@@ -559,6 +562,10 @@ impl TransactionalStore for SqliteStore {
 
     fn committed(&self, key: &RecordKey) {
         self.shared.waiters.notify(key);
+    }
+
+    fn turns(&self) -> &Arc<crate::transaction::Turns> {
+        &self.shared.turns
     }
 }
 

@@ -9,8 +9,10 @@
 //! So a request takes its key's turn before it opens a transaction, and keeps it until its claim
 //! commits or rolls back. A local duplicate finds the turn taken and waits for it to end, holding
 //! nothing but a channel receiver, then reads the record again: the committed response is replayed,
-//! and after a rollback the first to take the turn again claims. Duplicates in other processes
-//! still wait on the unique index, one connection per process and key.
+//! and after a rollback the first to take the turn again claims. The turns are the store's (one set
+//! per `PostgresStore`, one per SQLite file in a process), so every `Transactional` on it shares
+//! them. Duplicates in other processes still wait on the unique index, one connection per process
+//! and key.
 
 use crate::record::RecordKey;
 use std::collections::HashMap;
@@ -19,9 +21,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// The keys whose turn is taken in this process.
+/// The keys whose turn is taken in this process, for one store. Public only to be named by the
+/// sealed `TransactionalStore`; not a stable API.
 #[derive(Debug, Default)]
-pub(crate) struct Turns {
+pub struct Turns {
     /// A receiver of each taken turn's channel; the turn holds the sender, and dropping it is what
     /// wakes the waiters.
     taken: Mutex<HashMap<RecordKey, watch::Receiver<()>>>,
@@ -51,7 +54,9 @@ impl Turns {
     /// tells when it ends.
     pub(crate) fn take(self: &Arc<Self>, key: &RecordKey) -> Result<Turn, watch::Receiver<()>> {
         let mut taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = taken.get(key) {
+        // A turn removes its entry before it drops its sender, so a closed entry is never seen;
+        // were one ever left, it would count as free rather than send waiters round for nothing.
+        if let Some(held) = taken.get(key).filter(|held| held.has_changed().is_ok()) {
             return Err(held.clone());
         }
         let (ended, receiver) = watch::channel(());

@@ -461,9 +461,17 @@ pub async fn a_duplicate_blocked_past_the_wait_gets_409(b: &impl Backend) {
         async move { send(&router, post("/quick", "carol", "q", body)).await }
     });
     b.controls().until_entered(1).await;
-    let blocked = send(&router, post("/quick", "carol", "q", body.clone())).await;
+    // Bounded: a duplicate that ignored its `wait` would otherwise hang here, the original being
+    // held until after this answer.
+    let blocked = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(&router, post("/quick", "carol", "q", body.clone())),
+    )
+    .await
+    .expect("the duplicate answers at the end of its wait");
     assert_eq!(blocked.status, 409, "{blocked:?}");
     assert!(blocked.headers.get("retry-after").is_some());
+    assert_eq!(b.engine().metrics().get(Outcome::Conflict), 1);
     b.controls().release.add_permits(1);
     let original = original.await.expect("original");
     assert_eq!(original.status, 201);
