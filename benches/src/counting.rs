@@ -176,16 +176,16 @@ struct Seen {
 }
 
 /// Whether a simple query's text begins a transaction (`Some(true)`), ends one (`Some(false)`), or
-/// neither.
+/// neither (savepoints, which sqlx uses for nested transactions, change nothing).
 fn transaction_control(query: &[u8]) -> Option<bool> {
-    let text = String::from_utf8_lossy(query);
-    let word = text
-        .trim_start()
+    let text = String::from_utf8_lossy(query).to_ascii_uppercase();
+    let mut words = text
         .split(|c: char| !c.is_ascii_alphabetic())
-        .next()?;
-    match word.to_ascii_uppercase().as_str() {
-        "BEGIN" | "START" => Some(true),
-        "COMMIT" | "END" | "ROLLBACK" | "ABORT" => Some(false),
+        .filter(|w| !w.is_empty());
+    match (words.next()?, words.next()) {
+        ("ROLLBACK", Some("TO")) => None,
+        ("BEGIN" | "START", _) => Some(true),
+        ("COMMIT" | "END" | "ROLLBACK" | "ABORT", _) => Some(false),
         _ => None,
     }
 }
@@ -285,6 +285,11 @@ mod tests {
         );
         assert_eq!(transaction_control(b"ROLLBACK\0"), Some(false));
         assert_eq!(transaction_control(b"SELECT 1\0"), None);
+        assert_eq!(
+            transaction_control(b"ROLLBACK TO SAVEPOINT _sqlx_savepoint_1\0"),
+            None
+        );
+        assert_eq!(transaction_control(b"SAVEPOINT _sqlx_savepoint_1\0"), None);
         assert_eq!(transaction_control(b"\0"), None);
     }
 }
