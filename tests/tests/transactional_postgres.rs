@@ -112,6 +112,22 @@ impl Backend for Postgres {
     }
 }
 
+/// The original answers 201 as new, and every duplicate replays that answer.
+async fn the_original_then_replays(
+    original: tokio::task::JoinHandle<Reply>,
+    mut duplicates: tokio::task::JoinSet<Reply>,
+) {
+    let original = original.await.expect("original");
+    assert_eq!(original.status, 201, "{original:?}");
+    assert!(!original.replayed(), "{original:?}");
+    while let Some(reply) = duplicates.join_next().await {
+        let reply = reply.expect("duplicate");
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert!(reply.replayed(), "{reply:?}");
+        assert_eq!(reply.json(), original.json());
+    }
+}
+
 impl Postgres {
     /// A second instance of the app on the same database, as another process would run it: a
     /// store and pool of its own (so turns of its own), the same clock and controls.
@@ -324,14 +340,7 @@ async fn duplicates_on_another_instance_wait_on_the_unique_index() {
     );
 
     a.controls().release.add_permits(5);
-    let original = original.await.expect("original");
-    assert_eq!(original.status, 201, "{original:?}");
-    while let Some(reply) = duplicates.join_next().await {
-        let reply = reply.expect("duplicate");
-        assert_eq!(reply.status, 201, "{reply:?}");
-        assert!(reply.replayed(), "{reply:?}");
-        assert_eq!(reply.json(), original.json());
-    }
+    the_original_then_replays(original, duplicates).await;
     assert_eq!(a.ledger_rows().await, 1);
 }
 
@@ -423,14 +432,7 @@ async fn the_turn_outlasts_the_commit() {
         .execute(&mut *gate)
         .await
         .expect("open the gate");
-    let original = original.await.expect("original");
-    assert_eq!(original.status, 201, "{original:?}");
-    while let Some(reply) = duplicates.join_next().await {
-        let reply = reply.expect("duplicate");
-        assert_eq!(reply.status, 201, "{reply:?}");
-        assert!(reply.replayed(), "{reply:?}");
-        assert_eq!(reply.json(), original.json());
-    }
+    the_original_then_replays(original, duplicates).await;
     assert_eq!(b.ledger_rows().await, 1);
 }
 

@@ -126,12 +126,11 @@ mod tests {
         RecordKey::new("u", k)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_taken_turn_makes_the_next_request_wait_until_it_ends() {
-        let turns = Arc::new(Turns::default());
-        let turn = turns.take(&key("a")).expect("free");
-        let receiver = turns.take(&key("a")).expect_err("taken");
-        assert!(turns.take(&key("b")).is_ok(), "other keys are free");
+    /// A task waiting on `receiver` for up to a minute, returned once it is counted.
+    async fn waiting(
+        turns: &Arc<Turns>,
+        receiver: watch::Receiver<()>,
+    ) -> tokio::task::JoinHandle<Waited> {
         let waiter = tokio::spawn({
             let turns = turns.clone();
             async move {
@@ -143,6 +142,16 @@ mod tests {
         while turns.waiting() == 0 {
             tokio::task::yield_now().await;
         }
+        waiter
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_taken_turn_makes_the_next_request_wait_until_it_ends() {
+        let turns = Arc::new(Turns::default());
+        let turn = turns.take(&key("a")).expect("free");
+        let receiver = turns.take(&key("a")).expect_err("taken");
+        assert!(turns.take(&key("b")).is_ok(), "other keys are free");
+        let waiter = waiting(&turns, receiver).await;
         let before = Instant::now();
         drop(turn);
         assert_eq!(waiter.await.expect("waiter"), Waited::Ended);
@@ -178,17 +187,7 @@ mod tests {
         let turns = Arc::new(Turns::default());
         let _turn = turns.take(&key("a")).expect("free");
         let receiver = turns.take(&key("a")).expect_err("taken");
-        let waiter = tokio::spawn({
-            let turns = turns.clone();
-            async move {
-                turns
-                    .wait(receiver, Instant::now() + Duration::from_secs(60))
-                    .await
-            }
-        });
-        while turns.waiting() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let waiter = waiting(&turns, receiver).await;
         waiter.abort();
         assert!(waiter.await.expect_err("aborted").is_cancelled());
         assert_eq!(turns.waiting(), 0);
