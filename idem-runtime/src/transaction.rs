@@ -378,12 +378,10 @@ impl<S: TransactionalStore> Transactional<S> {
                         Ok(ClaimOutcome::Existing(record)) => {
                             // Read-only so far: ending it undoes nothing, and frees SQLite's writer.
                             rollback(open).await;
-                            drop(turn);
                             self.decide(record, fingerprint, now, &key, policy, true)
                         }
                         Err(failure) => {
                             rollback(open).await;
-                            drop(turn);
                             match self.failed(failure, &key, policy, &mut retries) {
                                 Some(rejection) => return Err(rejection),
                                 None => continue,

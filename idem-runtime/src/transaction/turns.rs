@@ -37,7 +37,9 @@ pub struct Turns {
 pub(crate) struct Turn {
     turns: Arc<Turns>,
     key: RecordKey,
-    ended: Option<watch::Sender<()>>,
+    /// Never sent on: dropped with the turn (after `Drop::drop` has taken the entry out of the
+    /// map), which is what wakes the waiters.
+    _ended: watch::Sender<()>,
 }
 
 /// Whether the turn a request waited for ended before its deadline.
@@ -64,7 +66,7 @@ impl Turns {
         Ok(Turn {
             turns: self.clone(),
             key: key.clone(),
-            ended: Some(ended),
+            _ended: ended,
         })
     }
 
@@ -107,13 +109,13 @@ impl Drop for Counted<'_> {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        // Out of the map first, so that a waiter woken below finds the turn free.
+        // Out of the map before the sender goes (fields drop after this), so that a waiter it
+        // wakes finds the turn free.
         self.turns
             .taken
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.key);
-        drop(self.ended.take());
     }
 }
 
