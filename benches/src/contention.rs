@@ -69,14 +69,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)]) {
                     .then(Instant::now)
                 }));
             }
-            let mut last = None::<Instant>;
-            let mut errors = 0;
-            for t in tasks {
-                match t.await.expect("waiter panicked") {
-                    Some(at) => last = Some(last.map_or(at, |l| l.max(at))),
-                    None => errors += 1,
-                }
-            }
+            let (last, errors) = answered(tasks).await;
             let start = start.lock().expect("start").unwrap_or_else(Instant::now);
             let done = completed_at.lock().expect("completed").unwrap_or(start);
             let last = last.unwrap_or(start);
@@ -118,6 +111,22 @@ pub(crate) async fn run(handles: &[(Backend, Handle)]) {
             max <= 4.0 + 1e-9,
         );
     }
+}
+
+/// When the last of `tasks` was answered (each returns the instant it was, or `None` for an
+/// error), and how many errors there were.
+async fn answered(
+    tasks: Vec<tokio::task::JoinHandle<Option<Instant>>>,
+) -> (Option<Instant>, usize) {
+    let mut last = None::<Instant>;
+    let mut errors = 0;
+    for t in tasks {
+        match t.await.expect("waiter panicked") {
+            Some(at) => last = Some(last.map_or(at, |l| l.max(at))),
+            None => errors += 1,
+        }
+    }
+    (last, errors)
 }
 
 /// The transactional storm's handler times: the last outlasts the pool's acquire timeout
@@ -187,14 +196,8 @@ pub(crate) async fn transactional(handles: &[(Backend, Handle)]) {
             _ => false,
         };
         let other_after = sent.elapsed();
-        let mut last = start;
-        let mut errors = 0;
-        for t in tasks {
-            match t.await.expect("waiter panicked") {
-                Some(at) => last = last.max(at),
-                None => errors += 1,
-            }
-        }
+        let (last, errors) = answered(tasks).await;
+        let last = last.unwrap_or(start);
         let executions = executions.load(Relaxed);
         println!(
             "| {hold} ms | {executions} | {} / {errors} | {} | {in_use} of {} | {}{} |",

@@ -266,8 +266,10 @@ async fn a_duplicate_storm_leaves_the_pool_to_other_keys() {
     let body = serde_json::json!({"amount": 5, "hold": true});
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..21 {
-        let (router, body) = (router.clone(), body.clone());
-        tasks.spawn(async move { send(&router, post("/entries", "gail", "storm", body)).await });
+        tasks.spawn(sent(
+            &router,
+            post("/entries", "gail", "storm", body.clone()),
+        ));
     }
     b.controls().until_entered(1).await;
     until_waiting(&b, 20).await;
@@ -314,25 +316,21 @@ async fn duplicates_on_another_instance_wait_on_the_unique_index() {
     let (other_txn, other_instance) = a.another_instance().await;
 
     let body = serde_json::json!({"amount": 8, "hold": true});
-    let original = tokio::spawn({
-        let (router, body) = (a.router(), body.clone());
-        async move { send(&router, post("/entries", "hank", "twice", body)).await }
-    });
+    let original = tokio::spawn(sent(
+        &a.router(),
+        post("/entries", "hank", "twice", body.clone()),
+    ));
     a.controls().until_entered(1).await;
     let mut duplicates = tokio::task::JoinSet::new();
     for _ in 0..4 {
-        let (router, body) = (other_instance.clone(), body.clone());
-        duplicates
-            .spawn(async move { send(&router, post("/entries", "hank", "twice", body)).await });
+        duplicates.spawn(sent(
+            &other_instance,
+            post("/entries", "hank", "twice", body.clone()),
+        ));
     }
     a.until_blocked(1).await;
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while other_txn.waiting_for_turns() < 3 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("three duplicates wait for the one that blocks");
+    // Three wait for the one that blocks.
+    until_counted(|| other_txn.waiting_for_turns(), 3).await;
     assert_eq!(
         a.waiting_for_turns(),
         0,
@@ -354,10 +352,7 @@ async fn a_duplicate_on_another_instance_blocked_past_the_wait_gets_409() {
     };
     let (other_txn, other_instance) = a.another_instance().await;
     let body = serde_json::json!({"amount": 9, "hold": true});
-    let original = tokio::spawn({
-        let (router, body) = (a.router(), body.clone());
-        async move { send(&router, post("/quick", "ivan", "q", body)).await }
-    });
+    let original = tokio::spawn(sent(&a.router(), post("/quick", "ivan", "q", body.clone())));
     a.controls().until_entered(1).await;
     let blocked = tokio::time::timeout(
         Duration::from_secs(30),
@@ -414,17 +409,17 @@ async fn the_turn_outlasts_the_commit() {
 
     let router = b.router();
     let body = serde_json::json!({"amount": 12});
-    let original = tokio::spawn({
-        let (router, body) = (router.clone(), body.clone());
-        async move { send(&router, post("/entries", "judy", "slow-commit", body)).await }
-    });
+    let original = tokio::spawn(sent(
+        &router,
+        post("/entries", "judy", "slow-commit", body.clone()),
+    ));
     b.until_blocked(1).await; // the original's COMMIT, in the deferred trigger
     let mut duplicates = tokio::task::JoinSet::new();
     for _ in 0..5 {
-        let (router, body) = (router.clone(), body.clone());
-        duplicates.spawn(async move {
-            send(&router, post("/entries", "judy", "slow-commit", body)).await
-        });
+        duplicates.spawn(sent(
+            &router,
+            post("/entries", "judy", "slow-commit", body.clone()),
+        ));
     }
     until_waiting(&b, 5).await;
 
@@ -453,15 +448,15 @@ async fn every_transactional_on_one_store_shares_its_turns() {
         controls: b.controls.clone(),
     });
     let body = serde_json::json!({"amount": 3, "hold": true});
-    let original = tokio::spawn({
-        let (router, body) = (b.router(), body.clone());
-        async move { send(&router, post("/entries", "kate", "shared", body)).await }
-    });
+    let original = tokio::spawn(sent(
+        &b.router(),
+        post("/entries", "kate", "shared", body.clone()),
+    ));
     b.controls().until_entered(1).await;
-    let duplicate = tokio::spawn({
-        let body = body.clone();
-        async move { send(&second_router, post("/entries", "kate", "shared", body)).await }
-    });
+    let duplicate = tokio::spawn(sent(
+        &second_router,
+        post("/entries", "kate", "shared", body.clone()),
+    ));
     until_waiting(&b, 1).await;
     b.controls().release.add_permits(2);
     let original = original.await.expect("original");

@@ -224,13 +224,28 @@ pub trait Backend: Send + Sync {
 /// wait without a timer, so this yields until the count is reached; the bound only turns a hang
 /// into a failure.
 pub async fn until_waiting(b: &impl Backend, n: usize) {
+    until_counted(|| b.waiting_for_turns(), n).await;
+}
+
+/// Returns once `waiting` (a count of requests waiting for a turn) reaches `n`, as
+/// [`until_waiting`] does for a backend's own app.
+pub async fn until_counted(waiting: impl Fn() -> usize, n: usize) {
     tokio::time::timeout(Duration::from_secs(60), async {
-        while b.waiting_for_turns() < n {
+        while waiting() < n {
             tokio::task::yield_now().await;
         }
     })
     .await
     .expect("the duplicates wait for the original");
+}
+
+/// `request` sent to `router`, as a future of its own to spawn.
+pub fn sent(
+    router: &Router,
+    request: Request<Body>,
+) -> impl std::future::Future<Output = Reply> + Send + 'static {
+    let router = router.clone();
+    async move { send(&router, request).await }
 }
 
 #[async_trait::async_trait]
@@ -426,15 +441,15 @@ pub async fn a_duplicate_runs_once_the_original_rolls_back(b: &impl Backend) {
     b.controls().fail_next.store(1, Ordering::Relaxed);
     let router = b.router();
     let body = json!({"amount": 2, "hold": true});
-    let original = tokio::spawn({
-        let (router, body) = (router.clone(), body.clone());
-        async move { send(&router, post("/entries", "ivy", "again", body)).await }
-    });
+    let original = tokio::spawn(sent(
+        &router,
+        post("/entries", "ivy", "again", body.clone()),
+    ));
     b.controls().until_entered(1).await;
-    let duplicate = tokio::spawn({
-        let (router, body) = (router.clone(), body.clone());
-        async move { send(&router, post("/entries", "ivy", "again", body)).await }
-    });
+    let duplicate = tokio::spawn(sent(
+        &router,
+        post("/entries", "ivy", "again", body.clone()),
+    ));
     until_waiting(b, 1).await;
     b.controls().release.add_permits(2);
     let original = original.await.expect("original");
@@ -455,11 +470,7 @@ pub async fn a_duplicate_runs_once_the_original_rolls_back(b: &impl Backend) {
 pub async fn a_duplicate_blocked_past_the_wait_gets_409(b: &impl Backend) {
     let router = b.router();
     let body = json!({"amount": 9, "hold": true});
-    let original = tokio::spawn({
-        let router = router.clone();
-        let body = body.clone();
-        async move { send(&router, post("/quick", "carol", "q", body)).await }
-    });
+    let original = tokio::spawn(sent(&router, post("/quick", "carol", "q", body.clone())));
     b.controls().until_entered(1).await;
     // Bounded: a duplicate that ignored its `wait` would otherwise hang here, the original being
     // held until after this answer.
