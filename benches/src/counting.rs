@@ -65,28 +65,70 @@ impl Store for CountingStore {
 pub(crate) struct Wire {
     /// Client sends that follow a server reply (or open a connection), excluding lone PostgreSQL
     /// `Sync` messages.
-    pub(crate) round_trips: AtomicU64,
-    /// PostgreSQL: `Bind` and simple `Query` messages (one per statement executed).
-    pub(crate) statements: AtomicU64,
-    /// PostgreSQL: the `Bind` messages sent while the connection had a transaction open (after a
-    /// simple query that begins one, before one that commits or rolls it back).
-    pub(crate) in_transaction: AtomicU64,
+    round_trips: AtomicU64,
+    /// PostgreSQL: those of the round trips sent while the connection had a transaction open, or
+    /// that opened one (from the message that opens it to the one that commits it, both counted).
+    round_trips_in_transaction: AtomicU64,
+    /// PostgreSQL: SQL statements, one per `Bind` and one per statement of a simple `Query`.
+    statements: AtomicU64,
+    /// PostgreSQL: the statements that ran inside a transaction, but for the `BEGIN` and `COMMIT`
+    /// themselves (see [`PgParser::feed`]).
+    in_transaction: AtomicU64,
     /// PostgreSQL: writes that are a lone `Sync` (sqlx pings each connection as it returns to
     /// the pool, off the request's path).
-    pub(crate) pings: AtomicU64,
+    pings: AtomicU64,
     /// Connections opened through the proxy.
-    pub(crate) connections: AtomicU64,
+    connections: AtomicU64,
+}
+
+/// The proxy's counters at one moment ([`Wire::snapshot`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counts {
+    pub(crate) round_trips: u64,
+    pub(crate) round_trips_in_transaction: u64,
+    pub(crate) statements: u64,
+    pub(crate) in_transaction: u64,
+    pub(crate) pings: u64,
+    pub(crate) connections: u64,
+}
+
+impl Counts {
+    /// Each counter's growth from `self` to `later`, per request over `n` requests.
+    pub(crate) fn per(&self, later: &Counts, n: u64) -> Rates {
+        let per = |x: u64, y: u64| (y - x) as f64 / n as f64;
+        Rates {
+            round_trips: per(self.round_trips, later.round_trips),
+            round_trips_in_transaction: per(
+                self.round_trips_in_transaction,
+                later.round_trips_in_transaction,
+            ),
+            statements: per(self.statements, later.statements),
+            in_transaction: per(self.in_transaction, later.in_transaction),
+            pings: per(self.pings, later.pings),
+        }
+    }
+}
+
+/// [`Counts`] per request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rates {
+    pub(crate) round_trips: f64,
+    pub(crate) round_trips_in_transaction: f64,
+    pub(crate) statements: f64,
+    pub(crate) in_transaction: f64,
+    pub(crate) pings: f64,
 }
 
 impl Wire {
-    pub(crate) fn snapshot(&self) -> [u64; 5] {
-        [
-            self.round_trips.load(Relaxed),
-            self.statements.load(Relaxed),
-            self.pings.load(Relaxed),
-            self.connections.load(Relaxed),
-            self.in_transaction.load(Relaxed),
-        ]
+    pub(crate) fn snapshot(&self) -> Counts {
+        Counts {
+            round_trips: self.round_trips.load(Relaxed),
+            round_trips_in_transaction: self.round_trips_in_transaction.load(Relaxed),
+            statements: self.statements.load(Relaxed),
+            in_transaction: self.in_transaction.load(Relaxed),
+            pings: self.pings.load(Relaxed),
+            connections: self.connections.load(Relaxed),
+        }
     }
 }
 
@@ -125,17 +167,21 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: b
             };
             let chunk = &buf[..n];
             let lone_sync = postgres && chunk == [b'S', 0, 0, 0, 4];
-            if lone_sync {
-                wire.pings.fetch_add(1, Relaxed);
-            } else if !a.swap(true, Relaxed) {
-                wire.round_trips.fetch_add(1, Relaxed);
-            }
-            a.store(true, Relaxed);
+            let was_in_transaction = parser.in_transaction;
             if postgres {
                 let seen = parser.feed(chunk);
                 wire.statements.fetch_add(seen.statements, Relaxed);
                 wire.in_transaction.fetch_add(seen.in_transaction, Relaxed);
             }
+            if lone_sync {
+                wire.pings.fetch_add(1, Relaxed);
+            } else if !a.swap(true, Relaxed) {
+                wire.round_trips.fetch_add(1, Relaxed);
+                if was_in_transaction || parser.in_transaction {
+                    wire.round_trips_in_transaction.fetch_add(1, Relaxed);
+                }
+            }
+            a.store(true, Relaxed);
             if sw.write_all(chunk).await.is_err() {
                 break;
             }
@@ -175,10 +221,11 @@ struct Seen {
     in_transaction: u64,
 }
 
-/// Whether a simple query's text begins a transaction (`Some(true)`), ends one (`Some(false)`), or
-/// neither (savepoints, which sqlx uses for nested transactions, change nothing).
-fn transaction_control(query: &[u8]) -> Option<bool> {
-    let text = String::from_utf8_lossy(query).to_ascii_uppercase();
+/// What one statement of a simple query does to the connection's transaction: begins one
+/// (`Some(true)`), ends one (`Some(false)`), or neither (savepoints, which sqlx uses for nested
+/// transactions, change nothing).
+fn transaction_control(statement: &str) -> Option<bool> {
+    let text = statement.to_ascii_uppercase();
     let mut words = text
         .split(|c: char| !c.is_ascii_alphabetic())
         .filter(|w| !w.is_empty());
@@ -188,6 +235,45 @@ fn transaction_control(query: &[u8]) -> Option<bool> {
         ("COMMIT" | "END" | "ROLLBACK" | "ABORT", _) => Some(false),
         _ => None,
     }
+}
+
+/// A simple query's statements and their part in the connection's transaction.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SimpleQuery {
+    statements: u64,
+    /// The statements that run inside a transaction, but for the `BEGIN` and the `COMMIT`.
+    in_transaction: u64,
+    /// Whether a transaction is open after it.
+    open_after: bool,
+}
+
+/// Reads a simple query's text (NUL-terminated) as statements separated by `;`, which is exact for
+/// what idem and this bench send (no `;` inside a literal). Statements before a `BEGIN` in the same
+/// query run in the implicit transaction that the `BEGIN` turns into the open one, so they count as
+/// inside it, as do those after it.
+fn simple_query(text: &[u8], open_before: bool) -> SimpleQuery {
+    let text = String::from_utf8_lossy(text);
+    let statements: Vec<&str> = text
+        .trim_end_matches('\0')
+        .split(';')
+        .filter(|s| !s.trim().is_empty())
+        .collect();
+    let controls: Vec<Option<bool>> = statements.iter().map(|s| transaction_control(s)).collect();
+    let opens = controls.contains(&Some(true));
+    let mut open = open_before;
+    let mut seen = SimpleQuery {
+        statements: statements.len() as u64,
+        ..SimpleQuery::default()
+    };
+    for control in controls {
+        match control {
+            Some(now_open) => open = now_open,
+            None if open || opens => seen.in_transaction += 1,
+            None => {}
+        }
+    }
+    seen.open_after = open;
+    seen
 }
 
 impl PgParser {
@@ -222,12 +308,12 @@ impl PgParser {
                     seen.in_transaction += u64::from(self.in_transaction);
                 }
                 b'Q' => {
-                    seen.statements += 1;
                     // The query text follows the 4-byte length, NUL-terminated.
-                    let query = self.buf.get(5..1 + len).unwrap_or_default();
-                    if let Some(open) = transaction_control(query) {
-                        self.in_transaction = open;
-                    }
+                    let text = self.buf.get(5..1 + len).unwrap_or_default();
+                    let query = simple_query(text, self.in_transaction);
+                    seen.statements += query.statements;
+                    seen.in_transaction += query.in_transaction;
+                    self.in_transaction = query.open_after;
                 }
                 _ => {}
             }
@@ -249,7 +335,7 @@ mod tests {
     }
 
     #[test]
-    fn binds_between_a_begin_and_its_commit_count_as_in_the_transaction() {
+    fn statements_between_a_begin_and_its_commit_count_as_in_the_transaction() {
         let mut parser = PgParser {
             started: true,
             ..PgParser::default()
@@ -270,8 +356,8 @@ mod tests {
         assert_eq!(
             seen,
             Seen {
-                statements: 6,
-                in_transaction: 2
+                statements: 7,
+                in_transaction: 3
             }
         );
         assert!(!parser.in_transaction);
@@ -280,16 +366,41 @@ mod tests {
     #[test]
     fn transaction_control_reads_the_first_word() {
         assert_eq!(
-            transaction_control(b"  begin isolation level serializable\0"),
+            transaction_control("  begin isolation level serializable"),
             Some(true)
         );
-        assert_eq!(transaction_control(b"ROLLBACK\0"), Some(false));
-        assert_eq!(transaction_control(b"SELECT 1\0"), None);
+        assert_eq!(transaction_control("ROLLBACK"), Some(false));
+        assert_eq!(transaction_control("SELECT 1"), None);
         assert_eq!(
-            transaction_control(b"ROLLBACK TO SAVEPOINT _sqlx_savepoint_1\0"),
+            transaction_control("ROLLBACK TO SAVEPOINT _sqlx_savepoint_1"),
             None
         );
-        assert_eq!(transaction_control(b"SAVEPOINT _sqlx_savepoint_1\0"), None);
-        assert_eq!(transaction_control(b"\0"), None);
+        assert_eq!(transaction_control("SAVEPOINT _sqlx_savepoint_1"), None);
+        assert_eq!(transaction_control(""), None);
+    }
+
+    #[test]
+    fn a_begin_at_the_end_opens_the_transaction_its_query_ran_in() {
+        let opening = simple_query(b"SELECT set_config('a', 'b', true); SET LOCAL x = 1; INSERT INTO t VALUES (1); BEGIN\0", false);
+        assert_eq!(
+            opening,
+            SimpleQuery {
+                statements: 4,
+                in_transaction: 3,
+                open_after: true
+            }
+        );
+        let commit = simple_query(b"COMMIT\0", true);
+        assert_eq!(
+            commit,
+            SimpleQuery {
+                statements: 1,
+                in_transaction: 0,
+                open_after: false
+            }
+        );
+        let outside = simple_query(b"SELECT 1; SELECT 2\0", false);
+        assert_eq!(outside.in_transaction, 0);
+        assert!(!outside.open_after);
     }
 }

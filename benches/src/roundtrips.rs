@@ -1,6 +1,6 @@
 //! Round trips per request, counted on the wire by a TCP proxy between the store and its server.
 
-use crate::counting;
+use crate::counting::{self, Rates};
 use crate::floors;
 use crate::report;
 use crate::setup::{self, Backend};
@@ -10,6 +10,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 const N: u64 = 200;
+/// Round trips per request that the verdicts allow beyond the target, for sends the proxy counts
+/// that no request made (a connection of the pool's or the listener's, about one in 200 requests):
+/// a request that made one more round trip would add a whole one.
+const STRAY: f64 = 0.05;
 
 fn socket(url: &str) -> Option<SocketAddr> {
     let rest = url.split_once("://")?.1;
@@ -20,7 +24,7 @@ fn socket(url: &str) -> Option<SocketAddr> {
 
 pub(crate) async fn run() {
     println!("\n## Round trips to the store per request\n");
-    println!("Counted by a TCP proxy between the store and its server, over {N} sequential requests after a warm-up: a round trip is a client send that follows a server reply. For PostgreSQL the proxy also counts statements (`Bind`/`Query` messages) and sqlx's release pings (a lone `Sync` that sqlx sends as each connection returns to its pool, after the request's statement has answered, off the request's path).\n");
+    println!("Counted by a TCP proxy between the store and its server, over {N} sequential requests after a warm-up: a round trip is a client send that follows a server reply; the verdicts allow {STRAY} per request for the proxy's stray counts (about one in 200 requests, from no request). For PostgreSQL the proxy also counts SQL statements (each `Bind`, and each statement of a simple `Query`) and sqlx's release pings (a lone `Sync` that sqlx sends as each connection returns to its pool, after the request's statement has answered, off the request's path).\n");
     println!("| store | new request: round trips | statements | release pings | replay: round trips | statements | release pings | connections opened meanwhile |");
     println!("|---|---|---|---|---|---|---|---|");
     for backend in [Backend::Postgres, Backend::Redis] {
@@ -81,26 +85,24 @@ pub(crate) async fn run() {
         }
         settle().await;
         let c = wire.snapshot();
-        let per = |x: u64, y: u64| (y - x) as f64 / N as f64;
-        let (new_rt, replay_rt) = (per(a[0], b[0]), per(b[0], c[0]));
-        let cols = |x: [u64; 5], y: [u64; 5]| {
+        let (new, replay) = (a.per(&b, N), b.per(&c, N));
+        let (new_rt, replay_rt) = (new.round_trips, replay.round_trips);
+        let cols = |r: Rates| {
             if postgres {
                 format!(
                     "{:.2} | {:.2} | {:.2}",
-                    per(x[0], y[0]),
-                    per(x[1], y[1]),
-                    per(x[2], y[2])
+                    r.round_trips, r.statements, r.pings
                 )
             } else {
-                format!("{:.2} | — | —", per(x[0], y[0]))
+                format!("{:.2} | — | —", r.round_trips)
             }
         };
         println!(
             "| {} | {} | {} | {} |",
             backend.name(),
-            cols(a, b),
-            cols(b, c),
-            c[3] - a[3]
+            cols(new),
+            cols(replay),
+            c.connections - a.connections
         );
         report::target(
             format!(
@@ -108,7 +110,7 @@ pub(crate) async fn run() {
                 backend.name()
             ),
             format!("new {new_rt:.2}, replay {replay_rt:.2}"),
-            new_rt <= 2.0 && replay_rt <= 1.0,
+            new_rt <= 2.0 + STRAY && replay_rt <= 1.0 + STRAY,
         );
     }
 }
@@ -226,54 +228,52 @@ pub(crate) async fn transactional() {
     }
     settle().await;
     let (d, xd) = (wire.snapshot(), next_xid().await);
-    let per = |x: u64, y: u64| (y - x) as f64 / N as f64;
+    let (alone, with_idem, replay) = (a.per(&b, N), b.per(&c, N), c.per(&d, N));
     let xids = |x: i64, y: i64| (y - x) as f64 / N as f64;
-    println!("{N} sequential requests each. Statements count `BEGIN` and `COMMIT` (sent by sqlx as simple queries) and every bound statement; idem sends its lock-timeout settings in the same round trip as the `BEGIN`. \"Inside the transaction\" counts the bound statements between a `BEGIN` and its `COMMIT` (the business write is one). Writing transactions are read off PostgreSQL's transaction counter (`pg_current_snapshot()`), on a connection of their own: each transaction that writes takes one id, a read-only one none, so they are the commits that write (and flush).\n");
+    println!("{N} sequential requests each. Statements are SQL statements: each bound statement, and each statement of a simple query (sqlx sends `BEGIN` and `COMMIT` as simple queries; idem's claim travels in the simple query that opens the transaction, its statements before the `BEGIN` that ends it). \"In the transaction\" counts, of the round trips, those from the one that opens the transaction to the one that commits it, both included, and of the statements, those that run inside the transaction but for the `BEGIN` and `COMMIT` themselves (the business write is one). Writing transactions are read off PostgreSQL's transaction counter (`pg_current_snapshot()`), on a connection of their own: each transaction that writes takes one id, a read-only one none, so they are the commits that write (and flush).\n");
     println!(
-        "| request | round trips | statements | inside the transaction | writing transactions |"
+        "| request | round trips | in the transaction | statements | in the transaction | writing transactions |"
     );
-    println!("|---|---|---|---|---|");
-    println!(
-        "| business transaction alone (`BEGIN`, 1 write, `COMMIT`) | {:.2} | {:.2} | {:.2} | {:.2} |",
-        per(a[0], b[0]),
-        per(a[1], b[1]),
-        per(a[4], b[4]),
-        xids(xa, xb)
+    println!("|---|---|---|---|---|---|");
+    let row = |what: &str, r: Rates, xid: f64| {
+        println!(
+            "| {what} | {:.2} | {:.2} | {:.2} | {:.2} | {xid:.2} |",
+            r.round_trips, r.round_trips_in_transaction, r.statements, r.in_transaction
+        );
+    };
+    row(
+        "business transaction alone (`BEGIN`, 1 write, `COMMIT`)",
+        alone,
+        xids(xa, xb),
     );
-    println!(
-        "| the same with `transaction = \"tx\"`, new key | {:.2} | {:.2} | {:.2} | {:.2} |",
-        per(b[0], c[0]),
-        per(b[1], c[1]),
-        per(b[4], c[4]),
-        xids(xb, xc)
+    row(
+        "the same with `transaction = \"tx\"`, new key",
+        with_idem,
+        xids(xb, xc),
     );
-    println!(
-        "| replay (a plain read, no transaction) | {:.2} | {:.2} | {:.2} | {:.2} |",
-        per(c[0], d[0]),
-        per(c[1], d[1]),
-        per(c[4], d[4]),
-        xids(xc, xd)
+    row(
+        "replay (a plain read, no transaction)",
+        replay,
+        xids(xc, xd),
     );
     // Whole ids, over the N requests of each phase.
-    let (alone, with_idem, replays) = (xb - xa, xc - xb, xd - xc);
+    let (alone_ids, with_idem_ids, replay_ids) = (xb - xa, xc - xb, xd - xc);
     let stray = N as i64 / 20;
     report::target(
         "PostgreSQL transactional mode: no extra commit (new request), none for a replay",
         format!(
-            "{with_idem} writing transactions for {N} new requests against {alone} for the business transaction alone; {replays} for {N} replays"
+            "{with_idem_ids} writing transactions for {N} new requests against {alone_ids} for the business transaction alone; {replay_ids} for {N} replays"
         ),
-        with_idem - alone <= stray && replays <= stray,
+        with_idem_ids - alone_ids <= stray && replay_ids <= stray,
     );
-    let inside = per(b[4], c[4]) - per(a[4], b[4]);
-    let added = per(b[1], c[1]) - per(a[1], b[1]);
+    let inside = with_idem.round_trips_in_transaction - alone.round_trips_in_transaction;
+    let before = with_idem.round_trips - alone.round_trips - inside;
     report::target(
         "PostgreSQL transactional mode: 1 statement added to the business transaction",
         format!(
-            "{inside:.2} bound statements added inside it (claim, completion; the lock-timeout settings ride in the `BEGIN`'s round trip), {:.2} before it (the look-up); {added:.2} statements and {:.2} round trips in all; replay {:.2} round trip",
-            added - inside,
-            per(b[0], c[0]) - per(a[0], b[0]),
-            per(c[0], d[0])
+            "{inside:.2} round trip added inside it (the completion's `UPDATE`; the claim's `INSERT` rides in the message that opens it), {before:.2} before it (the look-up); statements inside it {:.2} against {:.2}; replay {:.2} round trip",
+            with_idem.in_transaction, alone.in_transaction, replay.round_trips
         ),
-        inside <= 1.0,
+        inside <= 1.0 + STRAY && before <= 1.0 + STRAY,
     );
 }

@@ -17,10 +17,11 @@
 //! A 5xx response, a panic, a cancelled request, a crash or a lost connection anywhere before the
 //! commit rolls everything back: the claim, the business writes and the response vanish together,
 //! and a retry runs the handler as if for the first time. After the commit, both exist, and a retry
-//! replays. **The effect happens exactly once**, whatever fails, and for PostgreSQL it costs the
-//! business transaction two statements (the claim and the completion) and no extra commit, plus one
-//! plain read before the transaction opens (which is all a replay costs). Counted on the wire by
-//! `cargo run --release -p idem-bench -- roundtrips`.
+//! replays. **The effect happens exactly once**, whatever fails. For PostgreSQL it costs the
+//! business transaction one round trip (the completion's `UPDATE`) and no extra commit, plus one
+//! plain read before the transaction opens (which is all a replay costs): a fresh key's claim is
+//! made by the message that opens the transaction (its `INSERT`, then the `BEGIN`). Counted on the
+//! wire by `cargo run --release -p idem-bench -- roundtrips`.
 //!
 //! # Duplicates wait for the key's turn, then on the unique index
 //!
@@ -42,9 +43,9 @@
 //! - **PostgreSQL** blocks that insert on the primary key until the first transaction ends. If it
 //!   commits, the insert does nothing and the claim reads the completed record: the duplicate
 //!   replays. If it rolls back, the duplicate's insert succeeds and it runs the handler. The wait is
-//!   bounded by the policy's `wait` through `SET LOCAL lock_timeout` (sent with the `BEGIN`), which
-//!   the claim statement itself restores to the session's value once it holds the key, so the
-//!   application's own statements in the transaction keep their usual lock timeout. The commit
+//!   bounded by the policy's `wait` through `SET LOCAL lock_timeout` (sent in the message that opens
+//!   the transaction), which the claim itself restores to the session's value once it holds the key,
+//!   so the application's own statements in the transaction keep their usual lock timeout. The commit
 //!   itself releases blocked inserts in every instance: no notification is needed.
 //! - **SQLite** has one writer per database, so the transaction is `BEGIN IMMEDIATE`: it takes the
 //!   write lock up front (never the read-to-write upgrade that fails with `SQLITE_BUSY` whatever the
@@ -166,6 +167,21 @@ pub trait TransactionalStore: Store + sealed::Sealed {
     /// Opens a transaction on the store's pool, waiting at most `wait` for the right to write.
     #[doc(hidden)]
     async fn open(&self, wait: Duration) -> Result<OpenTx<Self::Database>, TxFailure>;
+
+    /// Opens a transaction that already holds a fresh claim of `claim.key`, made by the message that
+    /// opens it (blocking at most `wait` on a concurrent claim of the same key), so the claim costs
+    /// the business transaction no round trip of its own. `Ok(None)` if the key has a record, which
+    /// [`open`](Self::open) and [`claim_in`](Self::claim_in) then settle with the record in view;
+    /// also what a store that cannot do this returns, without a round trip (the default).
+    #[doc(hidden)]
+    async fn open_claimed(
+        &self,
+        wait: Duration,
+        claim: &Claim<'_>,
+    ) -> Result<Option<OpenTx<Self::Database>>, TxFailure> {
+        let _ = (wait, claim);
+        Ok(None)
+    }
 
     /// Claims inside `tx`, blocking at most as long as `open` was told on a concurrent claim of the
     /// same key.
@@ -346,8 +362,25 @@ impl<S: TransactionalStore> Transactional<S> {
                             continue;
                         }
                     };
-                    // 3. Claim inside a new transaction.
+                    // 3. A fresh key, claimed by the message that opens the transaction.
                     let wait = deadline.saturating_duration_since(Instant::now());
+                    match self
+                        .bounded(wait, self.store.open_claimed(wait, &claim))
+                        .await
+                    {
+                        Ok(Some(open)) => {
+                            engine.record(Outcome::of_claim(false), &key, policy);
+                            let made = (claim.token, claim.expires_at);
+                            return Ok(self.execute(open, key, made, false, turn, policy));
+                        }
+                        Ok(None) => {}
+                        Err(failure) => match self.failed(failure, &key, policy, &mut retries) {
+                            Some(rejection) => return Err(rejection),
+                            None => continue,
+                        },
+                    }
+                    // 4. The key has a record (or the store claims apart from opening): claim
+                    // inside a new transaction with the record in view.
                     let mut open = match self.bounded(wait, self.store.open(wait)).await {
                         Ok(open) => open,
                         Err(failure) => match self.failed(failure, &key, policy, &mut retries) {
@@ -361,19 +394,8 @@ impl<S: TransactionalStore> Transactional<S> {
                     {
                         Ok(ClaimOutcome::Claimed { taken_over }) => {
                             engine.record(Outcome::of_claim(taken_over), &key, policy);
-                            return Ok(TxBegin::Execute(TxClaim {
-                                tx: Tx::owned(open.tx),
-                                gate: open.gate,
-                                store: self.store.clone(),
-                                engine: engine.clone(),
-                                expires_at: claim.expires_at,
-                                token: claim.token,
-                                key,
-                                taken_over,
-                                armed: true,
-                                handler: policy.handler,
-                                _turn: turn,
-                            }));
+                            let made = (claim.token, claim.expires_at);
+                            return Ok(self.execute(open, key, made, taken_over, turn, policy));
                         }
                         Ok(ClaimOutcome::Existing(record)) => {
                             // Read-only so far: ending it undoes nothing, and frees SQLite's writer.
@@ -413,6 +435,31 @@ impl<S: TransactionalStore> Transactional<S> {
                 }
             }
         }
+    }
+
+    /// The right to run the handler, for `key` claimed in `open` with `(token, expires_at)`.
+    fn execute(
+        &self,
+        open: OpenTx<S::Database>,
+        key: RecordKey,
+        (token, expires_at): (FencingToken, Timestamp),
+        taken_over: bool,
+        turn: Turn,
+        policy: &Policy,
+    ) -> TxBegin<S> {
+        TxBegin::Execute(TxClaim {
+            tx: Tx::owned(open.tx),
+            gate: open.gate,
+            store: self.store.clone(),
+            engine: self.engine.clone(),
+            expires_at,
+            token,
+            key,
+            taken_over,
+            armed: true,
+            handler: policy.handler,
+            _turn: turn,
+        })
     }
 
     /// A rejection for `failure`, or `None` to start over.

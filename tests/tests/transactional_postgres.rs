@@ -465,3 +465,146 @@ async fn every_transactional_on_one_store_shares_its_turns() {
     assert!(duplicate.replayed(), "{duplicate:?}");
     assert_eq!(duplicate.json(), original.json());
 }
+
+/// A pool of `connections` on a fresh database, the store on it and a `Transactional` on the
+/// manual clock, for the tests that drive claims by hand.
+async fn by_hand(
+    db: &TestDb,
+    connections: u32,
+) -> (Arc<PostgresStore>, Transactional<PostgresStore>, PgPool) {
+    let pool = PostgresStore::pool_options()
+        .max_connections(connections)
+        .connect_with(db.options())
+        .await
+        .expect("connect");
+    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrate"));
+    let clock = ManualClock::new(Timestamp::from_millis(START_MS));
+    let engine = Engine::from_arc(store.clone()).with_clock(clock);
+    let txn = Transactional::new(engine, store.clone()).expect("same store");
+    let checks = PgPool::connect_with(db.options()).await.expect("checks");
+    (store, txn, checks)
+}
+
+/// A fresh key's claim is made by the message that opens the transaction: before the handler sends
+/// anything, the claim's connection is idle in a transaction whose one message inserted the
+/// in-flight record and ended with the `BEGIN`, and the record is visible inside it only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_claim_rides_in_the_message_that_opens_the_transaction() {
+    use idem_runtime::transaction::TxBegin;
+    use idem_runtime::{Fingerprint, Policy};
+
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let (_store, txn, checks) = by_hand(&db, 2).await;
+    let fp = Fingerprint::of_request("POST", "/t", None, b"");
+    let key = RecordKey::new("lena", "one-message");
+    let Ok(TxBegin::Execute(mut claim)) = txn.begin(key, fp, &Policy::new()).await else {
+        panic!("a fresh key executes");
+    };
+    let (state, query): (String, String) = sqlx::query_as(
+        "SELECT state, query FROM pg_stat_activity
+         WHERE datname = current_database() AND backend_xid IS NOT NULL",
+    )
+    .fetch_one(&checks)
+    .await
+    .expect("the claim's connection");
+    assert_eq!(state, "idle in transaction");
+    assert!(query.contains("INSERT INTO idem.records"), "{query}");
+    assert!(query.trim_end().ends_with("BEGIN"), "{query}");
+
+    let count = "SELECT count(*) FROM idem.records WHERE scope = 'lena' AND key = 'one-message'";
+    let inside: i64 = sqlx::query_scalar(count)
+        .fetch_one(&mut **claim.tx())
+        .await
+        .expect("inside");
+    let outside: i64 = sqlx::query_scalar(count)
+        .fetch_one(&checks)
+        .await
+        .expect("outside");
+    assert_eq!((inside, outside), (1, 0));
+    claim.rollback().await.expect("rollback");
+}
+
+/// The claim's values are written into that message's text: a scope and key made of quotes,
+/// backslashes, semicolons, dollar quotes and non-ASCII characters are stored exactly as given and
+/// run nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_reach_the_opening_message_as_data_only() {
+    use idem_runtime::transaction::TxBegin;
+    use idem_runtime::{Fingerprint, Policy, StoredResponse};
+
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let (_store, txn, checks) = by_hand(&db, 2).await;
+    let fp = Fingerprint::of_request("POST", "/t", None, b"");
+    let scope = "o'brien\\'; $$ \u{0}";
+    let scope = scope.trim_end_matches('\u{0}').trim_end();
+    let key = "'); DROP TABLE idem.records; -- ключ 🔑 $q$";
+    let Ok(TxBegin::Execute(claim)) = txn
+        .begin(RecordKey::new(scope, key), fp, &Policy::new())
+        .await
+    else {
+        panic!("a fresh key executes");
+    };
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: "made".into(),
+    };
+    claim.complete(&response).await.expect("commit");
+    let stored: Vec<(String, String)> = sqlx::query_as("SELECT scope, key FROM idem.records")
+        .fetch_all(&checks)
+        .await
+        .expect("records");
+    assert_eq!(stored, vec![(scope.to_owned(), key.to_owned())]);
+    match txn
+        .begin(RecordKey::new(scope, key), fp, &Policy::new())
+        .await
+    {
+        Ok(TxBegin::Replay(replay)) => assert_eq!(replay.response.body, "made"),
+        _ => panic!("the stored key replays"),
+    }
+}
+
+/// A record the look-up cannot see (past retention, not yet purged) makes the opening message's
+/// insert fail; that message's implicit transaction then rolls back by itself, so on a pool of one
+/// connection the claim that follows (which replaces the old record) gets a clean connection, and
+/// the handler runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_opening_message_leaves_its_connection_clean() {
+    use idem_runtime::transaction::TxBegin;
+    use idem_runtime::{Fingerprint, Policy};
+
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let (store, txn, checks) = by_hand(&db, 1).await;
+    sqlx::query(
+        "INSERT INTO idem.records (scope, key, fingerprint, token, created_at, expires_at,
+                                   retain_until, state, lease_until, status, headers, body)
+         VALUES ('mia', 'old', decode(repeat('00', 32), 'hex'), 1, $1, $1, $1, 'completed', NULL, 200,
+                 '[]', '')",
+    )
+    .bind(START_MS - 1)
+    .execute(&checks)
+    .await
+    .expect("a record past retention");
+    let now = Timestamp::from_millis(START_MS);
+    let key = RecordKey::new("mia", "old");
+    assert!(store.get(&key, now).await.expect("get").is_none());
+
+    let fp = Fingerprint::of_request("POST", "/t", None, b"");
+    let begun = txn.begin(key, fp, &Policy::new()).await;
+    let Ok(TxBegin::Execute(mut claim)) = begun else {
+        panic!("the forgotten key is claimed anew: {begun:?}");
+    };
+    assert!(!claim.taken_over());
+    let in_tx: bool = sqlx::query_scalar("SELECT txid_current_if_assigned() IS NOT NULL")
+        .fetch_one(&mut **claim.tx())
+        .await
+        .expect("the pool's one connection answers");
+    assert!(in_tx, "the replacement wrote in the claim's transaction");
+    claim.rollback().await.expect("rollback");
+}

@@ -545,23 +545,87 @@ const SAVED_LOCK_TIMEOUT: &str = "idem.outer_lock_timeout";
 const RESTORE_LOCK_TIMEOUT: &str =
     "SELECT set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true)";
 
+/// Keeps the session's `lock_timeout` (see [`RESTORE_LOCK_TIMEOUT`]) and sets the claim's, which
+/// bounds its wait on an identical request's uncommitted claim by `wait`.
+fn claim_lock_timeout(wait: Duration) -> String {
+    // A lock_timeout of 0 means no limit: wait at least 1 ms.
+    let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+    format!("SELECT set_config('{SAVED_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); SET LOCAL lock_timeout = {ms}")
+}
+
+/// The one message that opens a transaction holding a fresh claim ([`TransactionalStore::open_claimed`]):
+///
+/// ```sql
+/// SELECT set_config('idem.outer_lock_timeout', current_setting('lock_timeout'), true);
+/// SET LOCAL lock_timeout = <wait>;
+/// INSERT INTO idem.records (…) VALUES (<the claim's in-flight record>)
+///     RETURNING set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true);
+/// BEGIN
+/// ```
+///
+/// A simple query of several statements runs them in one implicit transaction, which the `BEGIN`
+/// at its end turns into the explicit transaction that stays open, the uncommitted claim in it. If
+/// the `INSERT` fails (the key has a record, or the wait ran out), the `BEGIN` never runs and the
+/// implicit transaction rolls back by itself: the connection goes back to the pool clean, with no
+/// `ROLLBACK` to send (sqlx sends none for a failed `BEGIN`). The restoring `set_config` runs once the
+/// row is inserted, so the handler's own statements keep the session's `lock_timeout`.
+///
+/// A simple query takes no binds, so the claim's values are written into the text: integers as
+/// Rust prints them, and every string or byte string as hexadecimal digits that PostgreSQL decodes
+/// (`decode('…', 'hex')`). Nothing a client sends reaches the text but as `[0-9a-f]`.
+fn claiming_begin(wait: Duration, claim: &Claim<'_>) -> String {
+    let mut sql = claim_lock_timeout(wait);
+    sql.push_str("; INSERT INTO idem.records (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) VALUES (");
+    for text in [&claim.key.scope, &claim.key.key] {
+        sql.push_str("convert_from(");
+        push_bytea(&mut sql, text.as_bytes());
+        sql.push_str(", 'UTF8'), ");
+    }
+    push_bytea(&mut sql, &claim.fingerprint.0);
+    let times = [claim.now, claim.expires_at, claim.retain_until];
+    let [created, expires, retain] = times.map(Timestamp::as_millis);
+    let (token, lease) = (claim.token.0, claim.lease_until.as_millis());
+    sql.push_str(&format!(", {token}, {created}, {expires}, {retain}, 'in_flight', {lease}) RETURNING set_config('lock_timeout', current_setting('{SAVED_LOCK_TIMEOUT}'), true); BEGIN"));
+    sql
+}
+
+/// `bytes` as a bytea expression that holds only hexadecimal digits: `decode('…', 'hex')`.
+fn push_bytea(sql: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    sql.push_str("decode('");
+    for b in bytes {
+        sql.push(char::from(DIGITS[usize::from(b >> 4)]));
+        sql.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    sql.push_str("', 'hex')");
+}
+
+/// What a transactional claim's failure means: `55P03` (lock_not_available) is an identical
+/// request's transaction that outlasted the wait, `40001` (serialization_failure, under REPEATABLE
+/// READ or SERIALIZABLE) one that committed meanwhile.
+fn tx_failure(e: StoreError) -> TxFailure {
+    match db_code(&e).as_deref() {
+        Some("55P03") => TxFailure::Busy,
+        Some("40001") => TxFailure::Retry,
+        _ => TxFailure::Store(e),
+    }
+}
+
 impl crate::transaction::sealed::Sealed for PostgresStore {}
 
-/// Transactional mode (see [`crate::transaction`]): the claim blocks on the primary key while an
-/// identical request's transaction from another process (or another store on the database) runs,
-/// for at most the policy's `wait` (`SET LOCAL lock_timeout`, set with the `BEGIN` in one round
-/// trip and restored after the claim). Identical requests in this process wait for the key's turn
-/// instead, without a connection.
+/// Transactional mode (see [`crate::transaction`]): a fresh key is claimed by the message that
+/// opens the transaction (its `INSERT`, then the `BEGIN`), so the claim adds no round trip to the
+/// business transaction; a key with a record is claimed by the claim statement in a transaction of
+/// its own, which reads it. The claim blocks on the primary key while an identical request's transaction
+/// from another process (or another store on the database) runs, for at most the policy's `wait`
+/// (`SET LOCAL lock_timeout`, set in the same message and restored once the claim holds the key).
+/// Identical requests in this process wait for the key's turn instead, without a connection.
 #[async_trait::async_trait]
 impl TransactionalStore for PostgresStore {
     type Database = sqlx::Postgres;
 
     async fn open(&self, wait: Duration) -> Result<OpenTx<sqlx::Postgres>, TxFailure> {
-        // A lock_timeout of 0 means no limit: wait at least 1 ms.
-        let ms = wait.as_millis().clamp(1, i32::MAX as u128);
-        let begin = format!(
-            "BEGIN; SELECT set_config('{SAVED_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); SET LOCAL lock_timeout = {ms}"
-        );
+        let begin = format!("BEGIN; {}", claim_lock_timeout(wait));
         let tx = self
             .pool
             .begin_with(begin)
@@ -570,21 +634,33 @@ impl TransactionalStore for PostgresStore {
         Ok(OpenTx { tx, gate: None })
     }
 
+    async fn open_claimed(
+        &self,
+        wait: Duration,
+        claim: &Claim<'_>,
+    ) -> Result<Option<OpenTx<sqlx::Postgres>>, TxFailure> {
+        match self.pool.begin_with(claiming_begin(wait, claim)).await {
+            Ok(tx) => Ok(Some(OpenTx { tx, gate: None })),
+            Err(e) => {
+                let e = StoreError::unavailable(e);
+                // unique_violation: the key has a record, for `claim_in` to read.
+                if db_code(&e).as_deref() == Some("23505") {
+                    Ok(None)
+                } else {
+                    Err(tx_failure(e))
+                }
+            }
+        }
+    }
+
     async fn claim_in(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         claim: &Claim<'_>,
     ) -> Result<ClaimOutcome, TxFailure> {
-        let (outcome, inserted) =
-            ops::claim(tx, claim, CLAIM_IN_TX)
-                .await
-                .map_err(|e| match db_code(&e).as_deref() {
-                    // lock_not_available: the identical request's transaction outlasted the wait.
-                    Some("55P03") => TxFailure::Busy,
-                    // serialization_failure (REPEATABLE READ, SERIALIZABLE): it committed meanwhile.
-                    Some("40001") => TxFailure::Retry,
-                    _ => TxFailure::Store(e),
-                })?;
+        let (outcome, inserted) = ops::claim(tx, claim, CLAIM_IN_TX)
+            .await
+            .map_err(tx_failure)?;
         // A fresh insert restored it in the claim statement; a takeover or replacement did not.
         if let (ClaimOutcome::Claimed { .. }, false) = (&outcome, inserted) {
             sqlx::query(RESTORE_LOCK_TIMEOUT)
