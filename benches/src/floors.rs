@@ -196,6 +196,29 @@ pub(crate) struct FloorRecord {
     response: Option<Bytes>,
 }
 
+/// The memory floor's claim: insert an in-flight record under `key` if there is none, under the
+/// map's one lock.
+pub(crate) fn memory_claim(
+    map: &Mutex<HashMap<String, FloorRecord>>,
+    key: &str,
+    fingerprint: [u8; 32],
+    token: i64,
+) -> bool {
+    let mut map = map.lock().expect("floor map");
+    if map.contains_key(key) {
+        return false;
+    }
+    map.insert(
+        key.to_owned(),
+        FloorRecord {
+            fingerprint,
+            token,
+            response: None,
+        },
+    );
+    true
+}
+
 impl Floor {
     pub(crate) fn for_handle(handle: &Handle) -> Self {
         match handle {
@@ -215,19 +238,8 @@ impl Floor {
         let body = response().body;
         match self {
             Floor::Memory(map) => {
-                {
-                    let mut map = map.lock().expect("floor map");
-                    if map.contains_key(key) {
-                        return false;
-                    }
-                    map.insert(
-                        key.to_owned(),
-                        FloorRecord {
-                            fingerprint: fp,
-                            token,
-                            response: None,
-                        },
-                    );
+                if !memory_claim(map, key, fp, token) {
+                    return false;
                 }
                 let mut map = map.lock().expect("floor map");
                 match map.get_mut(key) {
