@@ -380,7 +380,8 @@ impl<S: TransactionalStore> Transactional<S> {
                         },
                     }
                     // 4. The key has a record (or the store claims apart from opening): claim
-                    // inside a new transaction with the record in view.
+                    // inside a new transaction with the record in view, in what is left of the wait.
+                    let wait = deadline.saturating_duration_since(Instant::now());
                     let mut open = match self.bounded(wait, self.store.open(wait)).await {
                         Ok(open) => open,
                         Err(failure) => match self.failed(failure, &key, policy, &mut retries) {
