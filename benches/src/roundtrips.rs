@@ -2,12 +2,13 @@
 
 use crate::counting::{self, Rates};
 use crate::floors;
-use crate::report;
+use crate::report::{self, dur};
 use crate::setup::{self, Backend};
+use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::transaction::{Transactional, TxBegin};
 use idem_runtime::{Engine, RecordKey};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const N: u64 = 200;
 /// Round trips per request that the verdicts allow beyond the target, for sends the proxy counts
@@ -158,38 +159,8 @@ pub(crate) async fn transactional() {
         }
     };
     let scope = format!("rt-tx-{}", std::process::id());
-    let write = "INSERT INTO rt_ledger (k) VALUES ($1)";
-    // Without idem: the business transaction alone.
-    let plain = |k: String| {
-        let pool = pool.clone();
-        async move {
-            let mut tx = pool.begin().await.expect("begin");
-            sqlx::query(write)
-                .bind(k)
-                .execute(&mut *tx)
-                .await
-                .expect("write");
-            tx.commit().await.expect("commit");
-        }
-    };
-    // With idem: claim in the transaction, the same write, store the response and commit.
-    let idem = |k: String| {
-        let (txn, scope) = (txn.clone(), scope.clone());
-        async move {
-            let key = RecordKey::new(scope, k.clone());
-            match txn.begin(key, floors::fingerprint(), &floors::POLICY).await {
-                Ok(TxBegin::Execute(mut claim)) => {
-                    sqlx::query(write)
-                        .bind(k)
-                        .execute(&mut **claim.tx())
-                        .await
-                        .expect("write");
-                    claim.complete(&floors::response()).await.expect("complete");
-                }
-                _ => panic!("a new key executes"),
-            }
-        }
-    };
+    let plain = |k: String| business_alone(&pool, k);
+    let idem = |k: String| business_with_idem(&txn, &scope, k);
     for i in 0..20 {
         plain(format!("warm-plain-{scope}-{i}")).await;
         idem(format!("warm-idem-{scope}-{i}")).await;
@@ -220,11 +191,7 @@ pub(crate) async fn transactional() {
     settle().await;
     let (c, xc) = (wire.snapshot(), next_xid().await);
     for i in 0..N {
-        let key = RecordKey::new(scope.clone(), format!("idem-{scope}-{i}"));
-        match txn.begin(key, floors::fingerprint(), &floors::POLICY).await {
-            Ok(TxBegin::Replay(_)) => {}
-            _ => panic!("a completed key replays"),
-        }
+        replay_of(&txn, &scope, format!("idem-{scope}-{i}")).await;
     }
     settle().await;
     let (d, xd) = (wire.snapshot(), next_xid().await);
@@ -276,4 +243,97 @@ pub(crate) async fn transactional() {
         ),
         inside <= 1.0 + STRAY && before <= 1.0 + STRAY,
     );
+    latency(&scope).await;
+}
+
+const LEDGER_WRITE: &str = "INSERT INTO rt_ledger (k) VALUES ($1)";
+
+/// The business transaction alone: `BEGIN`, one write, `COMMIT`.
+async fn business_alone(pool: &sqlx::PgPool, k: String) {
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query(LEDGER_WRITE)
+        .bind(k)
+        .execute(&mut *tx)
+        .await
+        .expect("write");
+    tx.commit().await.expect("commit");
+}
+
+/// The same with idem: claim in the transaction, the same write, store the response and commit.
+async fn business_with_idem(txn: &Transactional<PostgresStore>, scope: &str, k: String) {
+    let key = RecordKey::new(scope, k.clone());
+    match txn.begin(key, floors::fingerprint(), &floors::POLICY).await {
+        Ok(TxBegin::Execute(mut claim)) => {
+            sqlx::query(LEDGER_WRITE)
+                .bind(k)
+                .execute(&mut **claim.tx())
+                .await
+                .expect("write");
+            claim.complete(&floors::response()).await.expect("complete");
+        }
+        _ => panic!("a new key executes"),
+    }
+}
+
+/// A replay of a key [`business_with_idem`] completed.
+async fn replay_of(txn: &Transactional<PostgresStore>, scope: &str, k: String) {
+    let key = RecordKey::new(scope, k);
+    match txn.begin(key, floors::fingerprint(), &floors::POLICY).await {
+        Ok(TxBegin::Replay(_)) => {}
+        _ => panic!("a completed key replays"),
+    }
+}
+
+/// What idem adds to a transaction's latency, without the proxy (whose hop would add to every
+/// round trip): the same three requests one after another, in interleaved rounds.
+async fn latency(scope: &str) {
+    const ROUNDS: usize = 5;
+    let store = match setup::postgres(None).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("round trips: skipping the transactional latency: {e}");
+            return;
+        }
+    };
+    let pool = store.pool().clone();
+    let txn = match Transactional::new(Engine::from_arc(store.clone()), store) {
+        Ok(txn) => txn,
+        Err(e) => {
+            eprintln!("round trips: {e}");
+            return;
+        }
+    };
+    let mut times: [Vec<Duration>; 3] = Default::default();
+    for round in 0..ROUNDS {
+        let key = |what: &str, i: u64| format!("lat-{what}-{scope}-{round}-{i}");
+        for i in 0..N {
+            let t = Instant::now();
+            business_alone(&pool, key("plain", i)).await;
+            times[0].push(t.elapsed());
+        }
+        for i in 0..N {
+            let t = Instant::now();
+            business_with_idem(&txn, scope, key("idem", i)).await;
+            times[1].push(t.elapsed());
+        }
+        for i in 0..N {
+            let t = Instant::now();
+            replay_of(&txn, scope, key("idem", i)).await;
+            times[2].push(t.elapsed());
+        }
+    }
+    let [alone, with_idem, replay] = times.map(|mut v| {
+        v.sort_unstable();
+        (v[v.len() / 2], v[v.len() * 99 / 100])
+    });
+    println!("\nLatency of the same requests on a direct connection (no proxy), {ROUNDS} interleaved rounds of {N} sequential requests each (durable commits: each new request waits for its commit's flush).\n");
+    println!("| request | p50 | p99 |");
+    println!("|---|---|---|");
+    for (what, (p50, p99)) in [
+        ("business transaction alone", alone),
+        ("the same with `transaction = \"tx\"`, new key", with_idem),
+        ("replay", replay),
+    ] {
+        println!("| {what} | {} | {} |", dur(p50), dur(p99));
+    }
 }
