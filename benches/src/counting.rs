@@ -81,22 +81,26 @@ pub(crate) struct Wire {
     connections: AtomicU64,
 }
 
-/// The proxy's counters at one moment ([`Wire::snapshot`]).
+/// The proxy's counters at one moment ([`Wire::snapshot`]), or their growth per request
+/// ([`Counts::per`], in `f64`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Counts {
-    pub(crate) round_trips: u64,
-    pub(crate) round_trips_in_transaction: u64,
-    pub(crate) statements: u64,
-    pub(crate) in_transaction: u64,
-    pub(crate) pings: u64,
-    pub(crate) connections: u64,
+pub(crate) struct Counts<T = u64> {
+    pub(crate) round_trips: T,
+    pub(crate) round_trips_in_transaction: T,
+    pub(crate) statements: T,
+    pub(crate) in_transaction: T,
+    pub(crate) pings: T,
+    pub(crate) connections: T,
 }
+
+/// [`Counts`] per request.
+pub(crate) type Rates = Counts<f64>;
 
 impl Counts {
     /// Each counter's growth from `self` to `later`, per request over `n` requests.
     pub(crate) fn per(&self, later: &Counts, n: u64) -> Rates {
         let per = |x: u64, y: u64| (y - x) as f64 / n as f64;
-        Rates {
+        Counts {
             round_trips: per(self.round_trips, later.round_trips),
             round_trips_in_transaction: per(
                 self.round_trips_in_transaction,
@@ -105,18 +109,9 @@ impl Counts {
             statements: per(self.statements, later.statements),
             in_transaction: per(self.in_transaction, later.in_transaction),
             pings: per(self.pings, later.pings),
+            connections: per(self.connections, later.connections),
         }
     }
-}
-
-/// [`Counts`] per request.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rates {
-    pub(crate) round_trips: f64,
-    pub(crate) round_trips_in_transaction: f64,
-    pub(crate) statements: f64,
-    pub(crate) in_transaction: f64,
-    pub(crate) pings: f64,
 }
 
 impl Wire {

@@ -7,7 +7,8 @@ use axum::Router;
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::sqlx::{self, postgres::PgPool};
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::{Engine, Record, RecordKey, Store, Transactional};
+use idem_runtime::transaction::TxBegin;
+use idem_runtime::{Engine, Fingerprint, Policy, Record, RecordKey, Store, Transactional};
 use idem_tests::services::TestDb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,13 +194,11 @@ cases!(
 );
 
 /// The claim waits under idem's `lock_timeout` (the policy's `wait`), but the handler's statements run
-/// under the session's own: a fresh claim restores it inside the claim statement, a takeover of a
-/// dead non-transactional claim with a statement of its own.
+/// under the session's own: a fresh claim restores it in the message that opens the transaction (its
+/// `INSERT`'s `RETURNING`), a takeover of a dead non-transactional claim with a statement of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handler_runs_under_the_sessions_lock_timeout() {
     use idem_runtime::engine::Begin;
-    use idem_runtime::transaction::TxBegin;
-    use idem_runtime::{Fingerprint, Policy};
 
     let Some(db) = TestDb::create().await else {
         return;
@@ -226,7 +225,7 @@ async fn the_handler_runs_under_the_sessions_lock_timeout() {
             .expect("show")
     }
 
-    // A fresh key: restored by the claim statement itself.
+    // A fresh key: restored by the opening message's INSERT.
     let fresh = RecordKey::new("u", "fresh");
     let Ok(TxBegin::Execute(mut claim)) = txn.begin(fresh, fp, &policy).await else {
         panic!("a fresh key executes");
@@ -490,9 +489,6 @@ async fn by_hand(
 /// in-flight record and ended with the `BEGIN`, and the record is visible inside it only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_claim_rides_in_the_message_that_opens_the_transaction() {
-    use idem_runtime::transaction::TxBegin;
-    use idem_runtime::{Fingerprint, Policy};
-
     let Some(db) = TestDb::create().await else {
         return;
     };
@@ -531,8 +527,7 @@ async fn a_fresh_claim_rides_in_the_message_that_opens_the_transaction() {
 /// run nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_reach_the_opening_message_as_data_only() {
-    use idem_runtime::transaction::TxBegin;
-    use idem_runtime::{Fingerprint, Policy, StoredResponse};
+    use idem_runtime::StoredResponse;
 
     let Some(db) = TestDb::create().await else {
         return;
@@ -574,9 +569,6 @@ async fn keys_reach_the_opening_message_as_data_only() {
 /// the handler runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_opening_message_leaves_its_connection_clean() {
-    use idem_runtime::transaction::TxBegin;
-    use idem_runtime::{Fingerprint, Policy};
-
     let Some(db) = TestDb::create().await else {
         return;
     };
