@@ -171,57 +171,64 @@ pub(crate) async fn transactional() {
     // such as an autocommitted SELECT, is given none), committed or not (nothing here rolls back).
     // The counter is the server's, so anything else writing meanwhile (an autoanalyze, another
     // database) adds its own ids: the target allows a few of those, where an extra commit per
-    // request would add one id per request.
-    let next_xid = || async {
-        sqlx::query_scalar::<_, i64>("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
-            .fetch_one(&direct)
-            .await
-            .expect("transaction counter")
+    // request would add one id per request. Beside it, the server's WAL position: the bytes every
+    // commit must flush.
+    let server = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                    pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint",
+        )
+        .fetch_one(&direct)
+        .await
+        .expect("transaction counter")
     };
     settle().await;
-    let (a, xa) = (wire.snapshot(), next_xid().await);
+    let (a, (xa, wa)) = (wire.snapshot(), server().await);
     for i in 0..N {
         plain(format!("plain-{scope}-{i}")).await;
     }
     settle().await;
-    let (b, xb) = (wire.snapshot(), next_xid().await);
+    let (b, (xb, wb)) = (wire.snapshot(), server().await);
     for i in 0..N {
         idem(format!("idem-{scope}-{i}")).await;
     }
     settle().await;
-    let (c, xc) = (wire.snapshot(), next_xid().await);
+    let (c, (xc, wc)) = (wire.snapshot(), server().await);
     for i in 0..N {
         replay_of(&txn, &scope, format!("idem-{scope}-{i}")).await;
     }
     settle().await;
-    let (d, xd) = (wire.snapshot(), next_xid().await);
+    let (d, (xd, wd)) = (wire.snapshot(), server().await);
     let (alone, with_idem, replay) = (a.per(&b, N), b.per(&c, N), c.per(&d, N));
-    let xids = |x: i64, y: i64| (y - x) as f64 / N as f64;
-    println!("{N} sequential requests each. Statements are SQL statements: each bound statement, and each statement of a simple query (sqlx sends `BEGIN` and `COMMIT` as simple queries; idem's claim travels in the simple query that opens the transaction, its statements before the `BEGIN` that ends it). \"In the transaction\" counts, of the round trips, those from the one that opens the transaction to the one that commits it, both included, and of the statements, those that run inside the transaction but for the `BEGIN` and `COMMIT` themselves (the business write is one). Writing transactions are read off PostgreSQL's transaction counter (`pg_current_snapshot()`), on a connection of their own: each transaction that writes takes one id, a read-only one none, so they are the commits that write (and flush).\n");
+    let per_request = |x: i64, y: i64| (y - x) as f64 / N as f64;
+    println!("{N} sequential requests each. Statements are SQL statements: each bound statement, and each statement of a simple query (sqlx sends `BEGIN` and `COMMIT` as simple queries; idem's claim travels in the simple query that opens the transaction, its statements before the `BEGIN` that ends it). \"In the transaction\" counts, of the round trips, those from the one that opens the transaction to the one that commits it, both included, and of the statements, those that run inside the transaction but for the `BEGIN` and `COMMIT` themselves (the business write is one). Writing transactions are read off PostgreSQL's transaction counter (`pg_current_snapshot()`), on a connection of their own: each transaction that writes takes one id, a read-only one none, so they are the commits that write (and flush). WAL bytes are the server's write-ahead log written per request (`pg_current_wal_insert_lsn()`, on the same connection), which the request's commit flushes.\n");
     println!(
-        "| request | round trips | in the transaction | statements | in the transaction | writing transactions |"
+        "| request | round trips | in the transaction | statements | in the transaction | writing transactions | WAL bytes |"
     );
-    println!("|---|---|---|---|---|---|");
-    let row = |what: &str, r: Rates, xid: f64| {
+    println!("|---|---|---|---|---|---|---|");
+    let row = |what: &str, r: Rates, xid: f64, wal: f64| {
         println!(
-            "| {what} | {:.2} | {:.2} | {:.2} | {:.2} | {xid:.2} |",
+            "| {what} | {:.2} | {:.2} | {:.2} | {:.2} | {xid:.2} | {wal:.0} |",
             r.round_trips, r.round_trips_in_transaction, r.statements, r.in_transaction
         );
     };
     row(
         "business transaction alone (`BEGIN`, 1 write, `COMMIT`)",
         alone,
-        xids(xa, xb),
+        per_request(xa, xb),
+        per_request(wa, wb),
     );
     row(
         "the same with `transaction = \"tx\"`, new key",
         with_idem,
-        xids(xb, xc),
+        per_request(xb, xc),
+        per_request(wb, wc),
     );
     row(
         "replay (a plain read, no transaction)",
         replay,
-        xids(xc, xd),
+        per_request(xc, xd),
+        per_request(wc, wd),
     );
     // Whole ids, over the N requests of each phase.
     let (alone_ids, with_idem_ids, replay_ids) = (xb - xa, xc - xb, xd - xc);
