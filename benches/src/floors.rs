@@ -183,7 +183,7 @@ static FENCED_COMPLETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock
 /// The direct path to one backend.
 #[derive(Clone)]
 pub(crate) enum Floor {
-    Memory(Arc<Mutex<HashMap<String, FloorRecord>>>),
+    Memory(Arc<MemoryMap>),
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
     Redis(redis::aio::ConnectionManager),
@@ -196,14 +196,12 @@ pub(crate) struct FloorRecord {
     response: Option<Bytes>,
 }
 
+/// The memory floor's records.
+pub(crate) type MemoryMap = Mutex<HashMap<String, FloorRecord>>;
+
 /// The memory floor's claim: insert an in-flight record under `key` if there is none, under the
 /// map's one lock.
-pub(crate) fn memory_claim(
-    map: &Mutex<HashMap<String, FloorRecord>>,
-    key: &str,
-    fingerprint: [u8; 32],
-    token: i64,
-) -> bool {
+pub(crate) fn memory_claim(map: &MemoryMap, key: &str, fingerprint: [u8; 32], token: i64) -> bool {
     let mut map = map.lock().expect("floor map");
     if map.contains_key(key) {
         return false;

@@ -186,7 +186,7 @@ async fn probe(store: &Arc<dyn Store>, scope: &str, n: usize, stop: Option<&Atom
 }
 
 /// `n` sequential claims of new keys on the memory floor (a `Mutex<HashMap>`); their latencies.
-async fn probe_floor(map: &FloorMap, scope: &str, n: usize) -> Sample {
+async fn probe_floor(map: &floors::MemoryMap, scope: &str, n: usize) -> Sample {
     timed(n, None, |i| async move {
         let key = format!("{scope}/probe-{i}");
         let (fp, token) = (fingerprint().0, FencingToken::generate().0);
@@ -229,7 +229,7 @@ async fn timed<F: Future<Output = Duration>>(
 
 /// The memory floor's records: `key-<from>`.. in scope `scope`, claimed (the floor's records
 /// are as small whether completed or not).
-fn bulk_floor(map: &FloorMap, scope: &str, from: u64, count: u64) {
+fn bulk_floor(map: &floors::MemoryMap, scope: &str, from: u64, count: u64) {
     let fp = fingerprint().0;
     for i in from..from + count {
         let token = FencingToken::generate().0;
@@ -237,8 +237,6 @@ fn bulk_floor(map: &FloorMap, scope: &str, from: u64, count: u64) {
         assert!(floors::memory_claim(map, &key, fp, token));
     }
 }
-
-type FloorMap = std::sync::Mutex<std::collections::HashMap<String, floors::FloorRecord>>;
 
 /// Prints one row of the scale table; returns its p50 ratio.
 fn scale_row(name: &str, small: &Sample, big: &Sample, load_time: Duration) -> f64 {
@@ -282,7 +280,7 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
         if *backend == Backend::Memory {
             // The same probe on the memory floor, in this process, right after: what the machine's
             // caches make of a hash table's claim at the two sizes, whatever the table.
-            let map = FloorMap::default();
+            let map = floors::MemoryMap::default();
             bulk_floor(&map, &scope, 0, SMALL);
             let floor_small = probe_floor(&map, &format!("small-{id}"), PROBES).await;
             let t = Instant::now();
