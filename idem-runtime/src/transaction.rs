@@ -41,8 +41,9 @@
 //! own transaction and tries to insert the same key, one request per process and key at a time:
 //!
 //! - **PostgreSQL** blocks that insert on the primary key until the first transaction ends. If it
-//!   commits, the insert does nothing and the claim reads the completed record: the duplicate
-//!   replays. If it rolls back, the duplicate's insert succeeds and it runs the handler. The wait is
+//!   commits, the insert fails on the key, and a claim in a transaction of its own reads the
+//!   completed record: the duplicate replays. If it rolls back, the duplicate's insert succeeds and
+//!   it runs the handler. The wait is
 //!   bounded by the policy's `wait` through `SET LOCAL lock_timeout` (sent in the message that opens
 //!   the transaction), which the claim itself restores to the session's value once it holds the key,
 //!   so the application's own statements in the transaction keep their usual lock timeout. The commit
@@ -68,8 +69,8 @@
 //!
 //! The transaction uses the database's default isolation level (READ COMMITTED on PostgreSQL unless
 //! configured otherwise). Under REPEATABLE READ or SERIALIZABLE, a duplicate from another process
-//! blocked on the key fails with a serialization error once the original commits; the claim then
-//! starts over with a new transaction and replays. (A duplicate in the same process waits for the
+//! blocked on the key fails once the original commits (on the key, or with a serialization error);
+//! the claim then starts over with a new transaction and replays. (A duplicate in the same process waits for the
 //! turn instead, and its fresh look-up sees the commit.)
 //!
 //! # Use by hand
@@ -332,6 +333,9 @@ impl<S: TransactionalStore> Transactional<S> {
                 Ok(found) => found,
                 Err(e) => return Err(engine.unavailable(e, &key, policy)),
             };
+            // Nothing the read can see: the key is fresh unless a record past retention, or an
+            // identical request's uncommitted claim, stands in the way.
+            let fresh = found.is_none();
             let next = match found {
                 Some(record) if !record.can_take_over(&claim) => Some(self.decide(
                     record,
@@ -363,24 +367,29 @@ impl<S: TransactionalStore> Transactional<S> {
                         }
                     };
                     // 3. A fresh key, claimed by the message that opens the transaction.
-                    let wait = deadline.saturating_duration_since(Instant::now());
-                    match self
-                        .bounded(wait, self.store.open_claimed(wait, &claim))
-                        .await
-                    {
-                        Ok(Some(open)) => {
-                            engine.record(Outcome::of_claim(false), &key, policy);
-                            let made = (claim.token, claim.expires_at);
-                            return Ok(self.execute(open, key, made, false, turn, policy));
+                    if fresh {
+                        let wait = deadline.saturating_duration_since(Instant::now());
+                        match self
+                            .bounded(wait, self.store.open_claimed(wait, &claim))
+                            .await
+                        {
+                            Ok(Some(open)) => {
+                                engine.record(Outcome::of_claim(false), &key, policy);
+                                let made = (claim.token, claim.expires_at);
+                                return Ok(self.execute(open, key, made, false, turn, policy));
+                            }
+                            Ok(None) => {}
+                            Err(failure) => {
+                                match self.failed(failure, &key, policy, &mut retries) {
+                                    Some(rejection) => return Err(rejection),
+                                    None => continue,
+                                }
+                            }
                         }
-                        Ok(None) => {}
-                        Err(failure) => match self.failed(failure, &key, policy, &mut retries) {
-                            Some(rejection) => return Err(rejection),
-                            None => continue,
-                        },
                     }
-                    // 4. The key has a record (or the store claims apart from opening): claim
-                    // inside a new transaction with the record in view, in what is left of the wait.
+                    // 4. A record to take over, or one the opening message met (or a store that
+                    // claims apart from opening): claim inside a new transaction with the record
+                    // in view, in what is left of the wait.
                     let wait = deadline.saturating_duration_since(Instant::now());
                     let mut open = match self.bounded(wait, self.store.open(wait)).await {
                         Ok(open) => open,

@@ -484,6 +484,24 @@ async fn by_hand(
     (store, txn, checks)
 }
 
+/// The state and last message of the one client connection of this database that holds a
+/// transaction id (a claim's, which has written).
+async fn claiming_connection(checks: &PgPool) -> (String, String) {
+    sqlx::query_as(
+        "SELECT state, query FROM pg_stat_activity
+         WHERE datname = current_database() AND backend_type = 'client backend'
+           AND backend_xid IS NOT NULL",
+    )
+    .fetch_one(checks)
+    .await
+    .expect("the claim's connection")
+}
+
+/// Whether `query` is the message that opens a transaction with a fresh claim in it.
+fn is_opening_message(query: &str) -> bool {
+    query.contains("INSERT INTO idem.records") && query.trim_end().ends_with("BEGIN")
+}
+
 /// A fresh key's claim is made by the message that opens the transaction: before the handler sends
 /// anything, the claim's connection is idle in a transaction whose one message inserted the
 /// in-flight record and ended with the `BEGIN`, and the record is visible inside it only.
@@ -498,16 +516,9 @@ async fn a_fresh_claim_rides_in_the_message_that_opens_the_transaction() {
     let Ok(TxBegin::Execute(mut claim)) = txn.begin(key, fp, &Policy::new()).await else {
         panic!("a fresh key executes");
     };
-    let (state, query): (String, String) = sqlx::query_as(
-        "SELECT state, query FROM pg_stat_activity
-         WHERE datname = current_database() AND backend_xid IS NOT NULL",
-    )
-    .fetch_one(&checks)
-    .await
-    .expect("the claim's connection");
+    let (state, query) = claiming_connection(&checks).await;
     assert_eq!(state, "idle in transaction");
-    assert!(query.contains("INSERT INTO idem.records"), "{query}");
-    assert!(query.trim_end().ends_with("BEGIN"), "{query}");
+    assert!(is_opening_message(&query), "{query}");
 
     let count = "SELECT count(*) FROM idem.records WHERE scope = 'lena' AND key = 'one-message'";
     let inside: i64 = sqlx::query_scalar(count)
@@ -534,8 +545,7 @@ async fn keys_reach_the_opening_message_as_data_only() {
     };
     let (_store, txn, checks) = by_hand(&db, 2).await;
     let fp = Fingerprint::of_request("POST", "/t", None, b"");
-    let scope = "o'brien\\'; $$ \u{0}";
-    let scope = scope.trim_end_matches('\u{0}').trim_end();
+    let scope = "o'brien\\'; $$";
     let key = "'); DROP TABLE idem.records; -- ключ 🔑 $q$";
     let Ok(TxBegin::Execute(claim)) = txn
         .begin(RecordKey::new(scope, key), fp, &Policy::new())
@@ -543,6 +553,11 @@ async fn keys_reach_the_opening_message_as_data_only() {
     else {
         panic!("a fresh key executes");
     };
+    let (_, query) = claiming_connection(&checks).await;
+    assert!(
+        is_opening_message(&query),
+        "claimed by the opening message: {query}"
+    );
     let response = StoredResponse {
         status: 201,
         headers: vec![],
@@ -593,10 +608,100 @@ async fn a_failed_opening_message_leaves_its_connection_clean() {
         panic!("the forgotten key is claimed anew: {begun:?}");
     };
     assert!(!claim.taken_over());
+    let (_, query) = claiming_connection(&checks).await;
+    assert!(
+        !is_opening_message(&query),
+        "claimed after the opening message failed: {query}"
+    );
     let in_tx: bool = sqlx::query_scalar("SELECT txid_current_if_assigned() IS NOT NULL")
         .fetch_one(&mut **claim.tx())
         .await
         .expect("the pool's one connection answers");
     assert!(in_tx, "the replacement wrote in the claim's transaction");
     claim.rollback().await.expect("rollback");
+}
+
+/// A claim whose request goes away while its opening message waits behind another instance's
+/// uncommitted claim of the key still ends cleanly: when that message completes on the server, its
+/// transaction is rolled back, and the pool's one connection goes back idle, not inside it (sqlx
+/// queues no rollback for a `BEGIN` dropped before it answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_claim_leaves_no_transaction_in_the_pool() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let app = "idem-cancelled";
+    let pool = PostgresStore::pool_options()
+        .max_connections(1)
+        .connect_with(db.options().application_name(app))
+        .await
+        .expect("connect");
+    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrate"));
+    let clock = ManualClock::new(Timestamp::from_millis(START_MS));
+    let engine = Engine::from_arc(store.clone()).with_clock(clock);
+    let txn = Transactional::new(engine, store).expect("same store");
+    let checks = PgPool::connect_with(db.options()).await.expect("checks");
+
+    let mut other = checks.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO idem.records (scope, key, fingerprint, token, created_at, expires_at,
+                                   retain_until, state, lease_until)
+         VALUES ('nia', 'gone', decode(repeat('00', 32), 'hex'), 1, $1, $2, $2, 'in_flight', $2)",
+    )
+    .bind(START_MS)
+    .bind(START_MS + 86_400_000)
+    .execute(&mut *other)
+    .await
+    .expect("another instance's claim, uncommitted");
+    let fp = Fingerprint::of_request("POST", "/t", None, b"");
+    // The store and its pool outlive the request, as a server's do (dropped, the pool would close
+    // its connection, and the server end the transaction with it).
+    let request = tokio::spawn({
+        let txn = txn.clone();
+        async move {
+            let policy = Policy::new().wait(Duration::from_secs(30));
+            let begun = txn.begin(RecordKey::new("nia", "gone"), fp, &policy).await;
+            begun.is_ok()
+        }
+    });
+    let count = |sql: &'static str| {
+        let checks = checks.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(app)
+                .fetch_one(&checks)
+                .await
+                .expect("pg_stat_activity")
+        }
+    };
+    let blocked = "SELECT count(*) FROM pg_stat_activity
+                   WHERE application_name = $1 AND wait_event_type = 'Lock'";
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while count(blocked).await < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the opening message waits on the key");
+    request.abort();
+    assert!(request.await.is_err(), "the request was cancelled");
+    other.rollback().await.expect("rollback");
+
+    let busy = "SELECT count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity
+                WHERE application_name = $1";
+    let settled = tokio::time::timeout(Duration::from_secs(10), async {
+        while count(busy).await > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "the pool's connection stayed in the cancelled claim's transaction"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem.records")
+        .fetch_one(&checks)
+        .await
+        .expect("records");
+    assert_eq!(rows, 0);
 }

@@ -600,6 +600,24 @@ fn push_bytea(sql: &mut String, bytes: &[u8]) {
     sql.push_str("', 'hex')");
 }
 
+/// `pool.begin_with(begin)`, run to its end even if the caller stops waiting for it (a cancelled
+/// request, the engine's timeout). sqlx counts a transaction as open only once its `BEGIN` has
+/// answered, so a `begin_with` dropped while it waits (for a connection, or for the claim's `INSERT`
+/// blocked behind an identical request's transaction) queues no `ROLLBACK`: if the message then
+/// completes on the server, the connection would go back to the pool inside that transaction, the
+/// claim's uncommitted row in it. Run apart, the transaction comes back to a caller that is gone,
+/// is dropped, and sqlx rolls it back as for any dropped transaction.
+async fn begin_detached(
+    pool: &PgPool,
+    begin: String,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin_with(begin).await }).await {
+        Ok(result) => result,
+        Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
+    }
+}
+
 /// What a transactional claim's failure means: `55P03` (lock_not_available) is an identical
 /// request's transaction that outlasted the wait, `40001` (serialization_failure, under REPEATABLE
 /// READ or SERIALIZABLE) one that committed meanwhile.
@@ -626,9 +644,7 @@ impl TransactionalStore for PostgresStore {
 
     async fn open(&self, wait: Duration) -> Result<OpenTx<sqlx::Postgres>, TxFailure> {
         let begin = format!("BEGIN; {}", claim_lock_timeout(wait));
-        let tx = self
-            .pool
-            .begin_with(begin)
+        let tx = begin_detached(&self.pool, begin)
             .await
             .map_err(|e| TxFailure::Store(StoreError::unavailable(e)))?;
         Ok(OpenTx { tx, gate: None })
@@ -639,7 +655,7 @@ impl TransactionalStore for PostgresStore {
         wait: Duration,
         claim: &Claim<'_>,
     ) -> Result<Option<OpenTx<sqlx::Postgres>>, TxFailure> {
-        match self.pool.begin_with(claiming_begin(wait, claim)).await {
+        match begin_detached(&self.pool, claiming_begin(wait, claim)).await {
             Ok(tx) => Ok(Some(OpenTx { tx, gate: None })),
             Err(e) => {
                 let e = StoreError::unavailable(e);
