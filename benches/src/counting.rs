@@ -74,6 +74,9 @@ pub(crate) struct Wire {
     /// PostgreSQL: the statements that ran inside a transaction, but for the `BEGIN` and `COMMIT`
     /// themselves (see [`PgParser::feed`]).
     in_transaction: AtomicU64,
+    /// PostgreSQL: of those, the bound statements (the ones that cost a round trip of their own
+    /// when sent alone, as sqlx sends each).
+    binds_in_transaction: AtomicU64,
     /// PostgreSQL: writes that are a lone `Sync` (sqlx pings each connection as it returns to
     /// the pool, off the request's path).
     pings: AtomicU64,
@@ -89,6 +92,7 @@ pub(crate) struct Counts<T = u64> {
     pub(crate) round_trips_in_transaction: T,
     pub(crate) statements: T,
     pub(crate) in_transaction: T,
+    pub(crate) binds_in_transaction: T,
     pub(crate) pings: T,
     pub(crate) connections: T,
 }
@@ -108,6 +112,7 @@ impl Counts {
             ),
             statements: per(self.statements, later.statements),
             in_transaction: per(self.in_transaction, later.in_transaction),
+            binds_in_transaction: per(self.binds_in_transaction, later.binds_in_transaction),
             pings: per(self.pings, later.pings),
             connections: per(self.connections, later.connections),
         }
@@ -121,6 +126,7 @@ impl Wire {
             round_trips_in_transaction: self.round_trips_in_transaction.load(Relaxed),
             statements: self.statements.load(Relaxed),
             in_transaction: self.in_transaction.load(Relaxed),
+            binds_in_transaction: self.binds_in_transaction.load(Relaxed),
             pings: self.pings.load(Relaxed),
             connections: self.connections.load(Relaxed),
         }
@@ -167,6 +173,8 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: b
                 let seen = parser.feed(chunk);
                 wire.statements.fetch_add(seen.statements, Relaxed);
                 wire.in_transaction.fetch_add(seen.in_transaction, Relaxed);
+                wire.binds_in_transaction
+                    .fetch_add(seen.binds_in_transaction, Relaxed);
             }
             if lone_sync {
                 wire.pings.fetch_add(1, Relaxed);
@@ -205,7 +213,9 @@ struct PgParser {
     buf: Vec<u8>,
     started: bool,
     /// Whether the connection has a transaction open. sqlx begins, commits and rolls back with
-    /// simple queries (`BEGIN…`, `COMMIT`, `ROLLBACK`) and binds every other statement.
+    /// simple queries (`BEGIN…`, `COMMIT`, `ROLLBACK`) and binds every other statement. Read off
+    /// the client's messages alone: a query the server fails (a `BEGIN` that never ran) counts as
+    /// if it had run; no path the bench counts sends one.
     in_transaction: bool,
 }
 
@@ -214,6 +224,7 @@ struct PgParser {
 struct Seen {
     statements: u64,
     in_transaction: u64,
+    binds_in_transaction: u64,
 }
 
 /// What one statement of a simple query does to the connection's transaction: begins one
@@ -301,6 +312,7 @@ impl PgParser {
                 b'B' => {
                     seen.statements += 1;
                     seen.in_transaction += u64::from(self.in_transaction);
+                    seen.binds_in_transaction += u64::from(self.in_transaction);
                 }
                 b'Q' => {
                     // The query text follows the 4-byte length, NUL-terminated.
@@ -348,11 +360,13 @@ mod tests {
         let rest = parser.feed(second);
         seen.statements += rest.statements;
         seen.in_transaction += rest.in_transaction;
+        seen.binds_in_transaction += rest.binds_in_transaction;
         assert_eq!(
             seen,
             Seen {
                 statements: 7,
-                in_transaction: 3
+                in_transaction: 3,
+                binds_in_transaction: 2
             }
         );
         assert!(!parser.in_transaction);
