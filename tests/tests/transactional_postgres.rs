@@ -471,9 +471,19 @@ async fn by_hand(
     db: &TestDb,
     connections: u32,
 ) -> (Arc<PostgresStore>, Transactional<PostgresStore>, PgPool) {
+    by_hand_with(db, db.options(), connections).await
+}
+
+/// [`by_hand`], the app's pool connecting with `app` (the tests' own reads still with the
+/// database's plain options).
+async fn by_hand_with(
+    db: &TestDb,
+    app: sqlx::postgres::PgConnectOptions,
+    connections: u32,
+) -> (Arc<PostgresStore>, Transactional<PostgresStore>, PgPool) {
     let pool = PostgresStore::pool_options()
         .max_connections(connections)
-        .connect_with(db.options())
+        .connect_with(app)
         .await
         .expect("connect");
     let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrate"));
@@ -631,16 +641,7 @@ async fn a_cancelled_claim_leaves_no_transaction_in_the_pool() {
         return;
     };
     let app = "idem-cancelled";
-    let pool = PostgresStore::pool_options()
-        .max_connections(1)
-        .connect_with(db.options().application_name(app))
-        .await
-        .expect("connect");
-    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrate"));
-    let clock = ManualClock::new(Timestamp::from_millis(START_MS));
-    let engine = Engine::from_arc(store.clone()).with_clock(clock);
-    let txn = Transactional::new(engine, store).expect("same store");
-    let checks = PgPool::connect_with(db.options()).await.expect("checks");
+    let (_store, txn, checks) = by_hand_with(&db, db.options().application_name(app), 1).await;
 
     let mut other = checks.begin().await.expect("begin");
     sqlx::query(
