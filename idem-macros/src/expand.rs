@@ -16,13 +16,14 @@
 //!     __idem_engine: ::idem_runtime::__private::EngineState,
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request):
-//!         ::idem_runtime::__private::WithBody<Json<New>, { ::idem_runtime::__private::Policy::new().max_request_body }>,
+//!     ::idem_runtime::__private::WithJson(Json(req), __idem_request):
+//!         ::idem_runtime::__private::WithJson<Json<New>, { ::idem_runtime::__private::Policy::new().max_request_body }>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
 //!         .ttl(::idem_runtime::__private::Duration::from_millis(3600000))
 //!         .handler("create")
 //!         .checked();
+//!     ::idem_runtime::__private::json_body::<Json<New>>();
 //!     let __idem_scope: ::std::borrow::Cow<'static, str> =
 //!         ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move {
@@ -43,6 +44,9 @@
 //! a transaction and only then calls the closure with it.
 //!
 //! Why each piece looks the way it does:
+//! - A last parameter written `Json<T>` is wrapped in `WithJson`, which deserializes `T` in the
+//!   same parse that fingerprints the body; any other last parameter in `WithBody`, which buffers
+//!   the body and hands the bytes to the parameter's own extractor (a second parse, for JSON).
 //! - The scope id is copied out (`into_owned`) because the body is an `async move` block that may
 //!   move the scope parameter itself; a borrow could not live alongside it.
 //! - `scope_id(&user)` carries the span of the parameter's *type*, so a type without `Scope` is
@@ -61,7 +65,7 @@ use quote::{quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{FnArg, Ident, ItemFn, ReturnType, Type};
+use syn::{FnArg, GenericArgument, Ident, ItemFn, PathArguments, ReturnType, Type, TypePath};
 
 pub(crate) fn expand(config: Config) -> TokenStream {
     let Config {
@@ -159,7 +163,17 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         FnArg::Typed(pt) => Some(pt),
         FnArg::Receiver(_) => None,
     });
+    let mut checks = TokenStream::new();
     let wrapped = match inputs.pop() {
+        // `Json<T>`: deserialized in the parse that fingerprints the body. `WithJson` takes axum's
+        // `Json` only; the check is spanned at the parameter's type, so another `Json` is
+        // reported there.
+        Some(FnArg::Typed(pt)) if is_json(&pt.ty) => {
+            let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
+            checks
+                .extend(quote_spanned!(ty.span()=> ::idem_runtime::__private::json_body::<#ty>();));
+            quote_spanned!(def=> #(#attrs)* #p::WithJson(#pat, #request): #p::WithJson<#ty, #limit>)
+        }
         Some(FnArg::Typed(pt)) => {
             let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
             quote_spanned!(def=> #(#attrs)* #p::WithBody(#pat, #request): #p::WithBody<#ty, #limit>)
@@ -256,9 +270,27 @@ pub(crate) fn expand(config: Config) -> TokenStream {
             #wrapped,
         ) -> #p::Response {
             const #policy_const: #p::Policy = #policy;
+            #checks
             #scope_let
             #run.await
         }
+    }
+}
+
+/// Whether a parameter's type is written `Json<T>`, under any path (`Json`, `axum::Json`,
+/// `axum::extract::Json`). The macro sees tokens, not types: a type of another crate named `Json`
+/// matches too, and the expansion then fails to compile at that type, saying how to opt out.
+fn is_json(ty: &Type) -> bool {
+    match ty {
+        Type::Paren(inner) => is_json(&inner.elem),
+        Type::Group(inner) => is_json(&inner.elem),
+        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|last| {
+            last.ident == "Json"
+                && matches!(&last.arguments, PathArguments::AngleBracketed(generics)
+                    if generics.args.len() == 1
+                        && matches!(generics.args.first(), Some(GenericArgument::Type(_))))
+        }),
+        _ => false,
     }
 }
 
@@ -317,7 +349,7 @@ mod tests {
             ),
         );
         assert!(out.contains(
-            "async fn create (__idem_engine : :: idem_runtime :: __private :: EngineState , State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (Json (req) , __idem_request) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
+            "async fn create (__idem_engine : :: idem_runtime :: __private :: EngineState , State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithJson (Json (req) , __idem_request) : :: idem_runtime :: __private :: WithJson < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
         ));
         assert!(out.contains(
             ". ttl (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64))"
@@ -325,6 +357,39 @@ mod tests {
         assert!(out.contains(". handler (\"create\") . checked ()"));
         assert!(out.contains(":: idem_runtime :: __private :: scope_id (& user) . into_owned ()"));
         assert!(out.contains("let __idem_ret : Json < Out > ="));
+    }
+
+    #[test]
+    fn a_json_parameter_is_parsed_once_under_any_path_and_nothing_else_is() {
+        for (ty, wrapper) in [
+            (quote!(Json<New>), "WithJson < Json < New >"),
+            (quote!(axum::Json<New>), "WithJson < axum :: Json < New >"),
+            (
+                quote!(::axum::extract::Json<Vec<u8>>),
+                "WithJson < :: axum :: extract :: Json < Vec < u8 > >",
+            ),
+            (quote!((Json<New>)), "WithJson < (Json < New >)"),
+            (quote!(Form<New>), "WithBody < Form < New >"),
+            (
+                quote!(Valid<Json<New>>),
+                "WithBody < Valid < Json < New > >",
+            ),
+            (quote!(Json), "WithBody < Json ,"),
+            (quote!(Json<'static>), "WithBody < Json < 'static >"),
+            (
+                quote!(<X as Trait>::Json<New>),
+                "WithBody < < X as Trait > :: Json < New >",
+            ),
+            (quote!(JsonBody<New>), "WithBody < JsonBody < New >"),
+        ] {
+            let out = expand(
+                quote!(scope = "global"),
+                quote!(
+                    async fn create(body: #ty) {}
+                ),
+            );
+            assert!(out.contains(wrapper), "{ty}: {out}");
+        }
     }
 
     #[test]

@@ -12,6 +12,29 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
+// The one-parse path serves the axum integration's `Json<T>` (and the fuzz target, and its tests).
+#[cfg(any(feature = "axum", fuzzing, test))]
+mod tee;
+
+#[cfg(any(feature = "axum", fuzzing))]
+pub(crate) use tee::of_json_request;
+
+/// The one-parse path of `Json<T>`, for `fuzz/fuzz_targets/json_once.rs`; only under
+/// `--cfg fuzzing`, which cargo-fuzz sets.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod fuzzing {
+    pub fn of_json_request<T: serde::de::DeserializeOwned>(
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Option<(T, super::Fingerprint)> {
+        super::of_json_request(method, path, content_type, body)
+    }
+}
+
 /// SHA-256 of a request's method, path and canonical body.
 ///
 /// ```
@@ -28,17 +51,23 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     /// Fingerprints a request. `content_type` decides whether the body is compared as JSON.
     pub fn of_request(method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> Self {
-        let mut h = Sha256::new();
-        h.update(method.as_bytes());
-        h.update([0]);
-        h.update(path.as_bytes());
-        h.update([0]);
+        let mut h = Self::hasher(method, path);
         let json = content_type.is_some_and(is_json) && hash_json(&mut h, body);
         if !json {
             h.update(b"bytes\0");
             h.update(body);
         }
         Self(h.finalize().into())
+    }
+
+    /// The hash with the request's method and path written, the body to follow.
+    fn hasher(method: &str, path: &str) -> Sha256 {
+        let mut h = Sha256::new();
+        h.update(method.as_bytes());
+        h.update([0]);
+        h.update(path.as_bytes());
+        h.update([0]);
+        h
     }
 
     /// Lower-case hex, as stored by the SQL stores and shown in logs.
@@ -106,19 +135,26 @@ fn is_json(content_type: &str) -> bool {
 /// [`KEEP`] bytes allocates nothing, unless a key or string has an escape (serde_json then
 /// decodes it into a buffer, and a key's decoded string is kept until the hash is done).
 fn hash_json(h: &mut Sha256, body: &[u8]) -> bool {
+    with_scratch(|canon| canon.hash(h, body))
+}
+
+/// Runs `f` on this thread's buffers, trimmed afterwards. While the thread is being torn down, or
+/// if `f` runs inside another `f` on the same thread (a `Deserialize` of the handler's that
+/// fingerprints something itself), it gets new buffers instead.
+fn with_scratch<R>(mut f: impl FnMut(&mut Canonical) -> R) -> R {
     thread_local! {
         static SCRATCH: RefCell<Canonical> = const { RefCell::new(Canonical::new()) };
     }
     let kept = SCRATCH.try_with(|scratch| {
         let mut canon = scratch.try_borrow_mut().ok()?;
-        let hashed = canon.hash(h, body);
+        let result = f(&mut canon);
         canon.trim();
-        Some(hashed)
+        Some(result)
     });
-    // Only while the thread is being torn down is there no scratch buffer: write into a new one.
-    kept.ok()
-        .flatten()
-        .unwrap_or_else(|| Canonical::new().hash(h, body))
+    match kept {
+        Ok(Some(result)) => result,
+        _ => f(&mut Canonical::new()),
+    }
 }
 
 /// The body as written, and where its objects and their members are in it.
@@ -134,6 +170,11 @@ struct Canonical {
     ordered: Vec<Member>,
     /// The keys written with an escape, as parsed (the written bytes are then not the string's).
     escaped_keys: Vec<String>,
+    /// The key the one-parse path ([`tee`]) has just written, for its object to list once the
+    /// value is written.
+    pending_key: Option<KeyWritten>,
+    /// Whether the one-parse path saw a value in a form `Write` does not write (see [`tee`]).
+    unsure: bool,
 }
 
 /// A thread's buffers are kept up to this many bytes each; larger ones, grown by a larger body, are
@@ -149,6 +190,22 @@ struct Object {
     after: usize,
     /// Its members in `ordered`, if it is not in key order.
     reordered: Option<std::ops::Range<usize>>,
+}
+
+/// An object [opened](Canonical::open_object) and not yet closed: its index in `objects`, and
+/// where its members start in `open_members`.
+#[derive(Debug, Clone, Copy)]
+struct Opened {
+    index: usize,
+    first: usize,
+}
+
+/// A member whose key is written and whose value is not yet: see [`Canonical::member_key`].
+#[derive(Debug, Clone, Copy)]
+struct KeyWritten {
+    start: usize,
+    key_end: usize,
+    escaped: Option<usize>,
 }
 
 /// One object member as written: `"key":value` at `out[start..end]`, the key's closing quote at
@@ -170,29 +227,43 @@ impl Canonical {
             open_members: Vec::new(),
             ordered: Vec::new(),
             escaped_keys: Vec::new(),
+            pending_key: None,
+            unsure: false,
         }
     }
 
     /// If `body` is one JSON document, hashes its canonical form after the `json` tag; whether it
     /// was.
     fn hash(&mut self, h: &mut Sha256, body: &[u8]) -> bool {
+        self.start(body.len());
+        let mut parser = serde_json::Deserializer::from_slice(body);
+        let json = Write(self).deserialize(&mut parser).is_ok() && parser.end().is_ok();
+        if json {
+            self.finish(h);
+        }
+        json
+    }
+
+    /// Empties the buffers for a body of `len` bytes.
+    fn start(&mut self, len: usize) {
         self.out.clear();
         self.objects.clear();
         self.open_members.clear();
         self.ordered.clear();
         self.escaped_keys.clear();
-        self.out.reserve(body.len());
-        let mut parser = serde_json::Deserializer::from_slice(body);
-        let json = Write(self).deserialize(&mut parser).is_ok() && parser.end().is_ok();
-        if json {
-            h.update(b"json\0");
-            if self.objects.iter().all(|o| o.reordered.is_none()) {
-                h.update(&self.out);
-            } else {
-                self.hash_range(h, 0, self.out.len());
-            }
+        self.pending_key = None;
+        self.unsure = false;
+        self.out.reserve(len);
+    }
+
+    /// Hashes the form written since [`start`](Self::start), after the `json` tag.
+    fn finish(&self, h: &mut Sha256) {
+        h.update(b"json\0");
+        if self.objects.iter().all(|o| o.reordered.is_none()) {
+            h.update(&self.out);
+        } else {
+            self.hash_range(h, 0, self.out.len());
         }
-        json
     }
 
     /// Hashes `out[from..to]`, each object that starts in it in canonical order.
@@ -249,9 +320,71 @@ impl Canonical {
         let _ = serde_json::to_writer(&mut self.out, value);
     }
 
-    /// Closes `objects[index]`, whose members are `open_members[first..]`: lists them in key order,
+    /// Opens an object: its `{`, and where its members will be.
+    fn open_object(&mut self) -> Opened {
+        let opened = Opened {
+            index: self.objects.len(),
+            first: self.open_members.len(),
+        };
+        self.objects.push(Object {
+            open: self.out.len(),
+            close: 0,
+            after: 0,
+            reordered: None,
+        });
+        self.out.push(b'{');
+        opened
+    }
+
+    /// Writes the next member's key in `object`, up to its `:`; the member is listed once its
+    /// value is written ([`member_end`](Self::member_end)).
+    fn member_key(&mut self, object: Opened, key: Cow<'_, str>) -> KeyWritten {
+        if self.open_members.len() > object.first {
+            self.out.push(b',');
+        }
+        let start = self.out.len();
+        self.scalar(&*key);
+        let key_end = self.out.len();
+        let escaped = self
+            .out
+            .get(start..key_end)
+            .is_some_and(|written| written.contains(&b'\\'))
+            .then(|| {
+                self.escaped_keys.push(key.into_owned());
+                self.escaped_keys.len() - 1
+            });
+        self.out.push(b':');
+        KeyWritten {
+            start,
+            key_end,
+            escaped,
+        }
+    }
+
+    /// The value after `key` is written: the member is complete.
+    fn member_end(&mut self, key: KeyWritten) {
+        self.open_members.push(Member {
+            start: key.start,
+            key_end: key.key_end,
+            end: self.out.len(),
+            escaped: key.escaped,
+        });
+    }
+
+    /// Before an array's next element: its comma unless it is the `first`. Returns where the
+    /// element starts, to [`truncate`](Vec::truncate) `out` to if there was none.
+    fn element(&mut self, first: bool) -> usize {
+        let before = self.out.len();
+        if !first {
+            self.out.push(b',');
+        }
+        before
+    }
+
+    /// Closes `object`, whose members are `open_members[object.first..]`: lists them in key order,
     /// the last of each key only, if they are not in key order already.
-    fn close_object(&mut self, index: usize, first: usize) {
+    fn close_object(&mut self, object: Opened) {
+        let Opened { index, first } = object;
         self.out.push(b'}');
         let Self {
             out,
@@ -259,6 +392,7 @@ impl Canonical {
             open_members,
             ordered,
             escaped_keys,
+            ..
         } = self;
         let members = open_members.get_mut(first..).unwrap_or_default();
         let order =
@@ -353,10 +487,7 @@ impl<'de> Visitor<'de> for Write<'_> {
         canon.out.push(b'[');
         let mut first = true;
         loop {
-            let before = canon.out.len();
-            if !first {
-                canon.out.push(b',');
-            }
+            let before = canon.element(first);
             if seq.next_element_seed(Write(&mut *canon))?.is_none() {
                 canon.out.truncate(before);
                 break;
@@ -368,41 +499,13 @@ impl<'de> Visitor<'de> for Write<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let canon = self.0;
-        let index = canon.objects.len();
-        let first = canon.open_members.len();
-        canon.objects.push(Object {
-            open: canon.out.len(),
-            close: 0,
-            after: 0,
-            reordered: None,
-        });
-        canon.out.push(b'{');
+        let object = canon.open_object();
         while let Some(Key(key)) = map.next_key()? {
-            if canon.open_members.len() > first {
-                canon.out.push(b',');
-            }
-            let start = canon.out.len();
-            canon.scalar(&*key);
-            let key_end = canon.out.len();
-            let escaped = canon
-                .out
-                .get(start..key_end)
-                .is_some_and(|written| written.contains(&b'\\'))
-                .then(|| {
-                    canon.escaped_keys.push(key.into_owned());
-                    canon.escaped_keys.len() - 1
-                });
-            canon.out.push(b':');
+            let key = canon.member_key(object, key);
             map.next_value_seed(Write(&mut *canon))?;
-            let end = canon.out.len();
-            canon.open_members.push(Member {
-                start,
-                key_end,
-                end,
-                escaped,
-            });
+            canon.member_end(key);
         }
-        canon.close_object(index, first);
+        canon.close_object(object);
         Ok(())
     }
 }
@@ -436,7 +539,7 @@ impl<'de> Deserialize<'de> for Key<'de> {
 mod tests {
     use super::*;
 
-    const JSON: Option<&str> = Some("application/json");
+    pub(super) const JSON: Option<&str> = Some("application/json");
 
     #[test]
     fn json_is_compared_by_meaning() {
@@ -501,7 +604,7 @@ mod tests {
 
     /// The implementation before `Node`: parse into a `serde_json::Value`, hash it with sorted keys.
     /// The fingerprint must not change (stored records carry it).
-    fn reference(method: &str, path: &str, body: &[u8]) -> Fingerprint {
+    pub(super) fn reference(method: &str, path: &str, body: &[u8]) -> Fingerprint {
         use serde_json::Value;
         fn write_json(h: &mut Sha256, value: &Value) {
             h.update(serde_json::to_vec(value).expect("a Value serialises"));
@@ -588,7 +691,7 @@ mod tests {
 
     /// A JSON document as a client might write it: members in any order, some keys repeated.
     #[derive(Debug, Clone)]
-    enum Doc {
+    pub(super) enum Doc {
         Scalar(serde_json::Value),
         Array(Vec<Doc>),
         Object(Vec<(String, Doc)>),
@@ -596,7 +699,7 @@ mod tests {
 
     impl Doc {
         /// The document as text, members in their order, with whitespace between tokens if `spaced`.
-        fn write(&self, spaced: bool, out: &mut String) {
+        pub(super) fn write(&self, spaced: bool, out: &mut String) {
             let gap = if spaced { " \n" } else { "" };
             let text =
                 |v: &serde_json::Value| serde_json::to_string(v).expect("a Value serialises");
@@ -634,7 +737,7 @@ mod tests {
 
     /// Nested documents with escapes, non-ASCII text, strings longer than a SHA-256 block, and
     /// objects whose keys are out of order or repeated.
-    fn any_doc() -> impl proptest::strategy::Strategy<Value = Doc> {
+    pub(super) fn any_doc() -> impl proptest::strategy::Strategy<Value = Doc> {
         use proptest::prelude::*;
         use serde_json::Value;
         let text = prop_oneof!["[a-z\"\\\\\n\u{e9}\u{1F600}]{0,12}", "[a-z]{60,300}"];

@@ -241,3 +241,112 @@ async fn a_response_that_cannot_be_stored_still_reaches_the_client() {
     );
     assert_eq!(h.count(Outcome::CompletionFailed), 1);
 }
+
+/// What a plain axum handler taking `Json<NewPayment>` answers to `request`.
+async fn axums_answer(request: axum::http::Request<axum::body::Body>) -> Reply {
+    let plain = axum::Router::new().route(
+        "/refunds",
+        axum::routing::post(|axum::Json(_): axum::Json<NewPayment>| async {
+            axum::http::StatusCode::CREATED
+        }),
+    );
+    send(plain, request).await
+}
+
+/// A JSON POST to `/refunds` with `content_type` (none if `None`).
+fn refund_as(
+    content_type: Option<&str>,
+    key: &str,
+    body: &str,
+) -> axum::http::Request<axum::body::Body> {
+    let mut request = json_post("/refunds", "alice", &[key], body);
+    let headers = request.headers_mut();
+    headers.remove(axum::http::header::CONTENT_TYPE);
+    if let Some(content_type) = content_type {
+        let value = axum::http::HeaderValue::from_str(content_type).expect("a header value");
+        headers.insert(axum::http::header::CONTENT_TYPE, value);
+    }
+    request
+}
+
+#[tokio::test]
+async fn a_json_handlers_rejections_are_axums_own_and_do_not_burn_the_key() {
+    // `/refunds` takes `Json<NewPayment>` through `#[idempotent]`, which parses it once for the
+    // handler and the fingerprint: every rejection must still be the one axum's `Json` gives.
+    let h = Harness::new();
+    let json = Some("application/json");
+    for (content_type, body) in [
+        (json, r#"{"amount": 10"#),                                 // syntax: 400
+        (json, ""),                                                 // no value: 400
+        (json, r#"{"amount": 10, "currency": "KRW"} x"#),           // trailing: 400
+        (json, r#"{"amount": 10}"#),                                // a field missing: 422
+        (json, r#"{"amount": "10", "currency": "KRW"}"#),           // a wrong type: 422
+        (json, r#"{"amount": 1, "amount": 2, "currency": "KRW"}"#), // a field twice: 422
+        (Some("text/json"), PAY_1000),                              // not a JSON media type: 415
+        (Some("text/plain"), PAY_1000),
+        (Some("application/jsonx"), PAY_1000),
+        (None, PAY_1000),
+    ] {
+        let ours = h.send(refund_as(content_type, "k1", body)).await;
+        let axums = axums_answer(refund_as(content_type, "k1", body)).await;
+        assert!(axums.status.is_client_error(), "{content_type:?} {body}");
+        assert_eq!(
+            (ours.status, ours.header("content-type"), &ours.body),
+            (axums.status, axums.header("content-type"), &axums.body),
+            "{content_type:?} {body}"
+        );
+    }
+    assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+    assert_eq!(h.probe.calls(), 0);
+
+    // A media type is accepted exactly when axum's `Json` accepts it, however it is written.
+    for (i, content_type) in [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/json;charset=UTF-8",
+        "APPLICATION/JSON",
+        "application/json;",
+        "application/json; charset",
+        "application/json ; charset=utf-8",
+        " application/json",
+        "application/merge-patch+json",
+        "application/vnd.api+json; ext=\"x\"",
+        "application/+json",
+        "application/json+x",
+        "text/plain+json",
+        "application",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("accept-{i}");
+        let ours = h.send(refund_as(Some(content_type), &key, PAY_1000)).await;
+        let axums = axums_answer(refund_as(Some(content_type), &key, PAY_1000)).await;
+        if axums.status == 201 {
+            assert_eq!(ours.status, 201, "{content_type}: {:?}", ours.body);
+        } else {
+            assert_eq!(
+                (ours.status, &ours.body),
+                (axums.status, &axums.body),
+                "{content_type}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_routers_body_limit_holds_for_a_json_handler_and_claims_nothing() {
+    let h = Harness::new();
+    let over = r#"{"amount":1000,"currency":"KRW","memo":"a few bytes too many"}"#;
+    assert!(over.len() > ROUTER_LIMIT && PAY_1000.len() <= ROUTER_LIMIT);
+    let reply = h.send(json_post("/limited", "alice", &["k1"], over)).await;
+    reply.assert_problem(413, "urn:idem:problem:body-too-large");
+    assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+    assert_eq!(h.probe.calls(), 0);
+
+    let good = h
+        .send(json_post("/limited", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(good.status, 201);
+    assert_eq!(h.probe.calls(), 1);
+}

@@ -250,3 +250,105 @@ async fn nested_routers_do_not_share_fingerprints() {
     .await;
     v2.assert_problem(422, "urn:idem:problem:key-mismatch");
 }
+
+const ORDER: &str = r#"{"currency":"KRW","items":[{"sku":"apple","quantity":2}],"delivery":{"Courier":{"address":"1 Main St"}}}"#;
+const ORDER_REWRITTEN: &str = r#" { "delivery" : { "Courier" : { "address" : "1 Main St" } } ,
+    "items" : [ { "quantity" : 2 , "sku" : "app\u006ce" } ] , "currency" : "KRW" } "#;
+
+#[tokio::test]
+async fn a_json_body_is_parsed_once_for_the_handler_and_the_fingerprint() {
+    // `/orders` takes `Json<NewOrder>` (enums in both of serde_json's forms, nested structs).
+    let h = Harness::new();
+    let fresh = h.send(json_post("/orders", "alice", &["k1"], ORDER)).await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(
+        fresh.json()["variants"],
+        r#"Won Courier { address: "1 Main St" }"#
+    );
+    assert_eq!(
+        fresh.json()["order"],
+        serde_json::json!({
+            "currency": "KRW",
+            "items": [{ "sku": "apple", "quantity": 2 }],
+            "delivery": { "Courier": { "address": "1 Main St" } },
+        }),
+        "the handler got the order as serde_json reads it"
+    );
+    // The fingerprint is the one `Fingerprint::of_request` gives these bytes, as stored records
+    // written before the one parse carry it.
+    let record = h.record("alice", "k1").await.expect("stored");
+    assert_eq!(
+        record.fingerprint,
+        idem_runtime::Fingerprint::of_request(
+            "POST",
+            "/orders",
+            Some("application/json"),
+            ORDER.as_bytes()
+        )
+    );
+
+    // Re-serialised by the client (members reordered, an escape, other whitespace, another way
+    // to write the media type): the same request.
+    let mut rewritten = json_post("/orders", "alice", &["k1"], ORDER_REWRITTEN);
+    rewritten.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    let retry = h.send(rewritten).await;
+    assert!(retry.replayed(), "{:?}", retry.body);
+    assert_eq!(retry.body, fresh.body);
+
+    // A member `NewOrder` ignores is still part of the request.
+    let other = ORDER.replace(r#""currency""#, r#""gift":true,"currency""#);
+    h.send(json_post("/orders", "alice", &["k1"], &other))
+        .await
+        .assert_problem(422, "urn:idem:problem:key-mismatch");
+    let other = ORDER.replace("KRW", "EUR");
+    h.send(json_post("/orders", "alice", &["k1"], &other))
+        .await
+        .assert_problem(422, "urn:idem:problem:key-mismatch");
+    let other = ORDER.replace(r#"{"Courier":{"address":"1 Main St"}}"#, r#""Pickup""#);
+    h.send(json_post("/orders", "alice", &["k1"], &other))
+        .await
+        .assert_problem(422, "urn:idem:problem:key-mismatch");
+    assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_body_fingerprinted_by_a_second_parse_replays_the_same_way() {
+    // `/readings` takes an `f32`: the one parse cannot write its canonical form, so the
+    // fingerprint comes from a second parse, and must be the same one.
+    let h = Harness::new();
+    let body = r#"{"celsius": 21.5, "station": {"b": 1, "a": 2}}"#;
+    let fresh = h.send(json_post("/readings", "alice", &["k1"], body)).await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(&fresh.body[..], b"reading 1 by alice: 21.5");
+    let record = h.record("alice", "k1").await.expect("stored");
+    assert_eq!(
+        record.fingerprint,
+        idem_runtime::Fingerprint::of_request(
+            "POST",
+            "/readings",
+            Some("application/json"),
+            body.as_bytes()
+        )
+    );
+    let retry = h
+        .send(json_post(
+            "/readings",
+            "alice",
+            &["k1"],
+            r#"{"station":{"a":2,"b":1},"celsius":21.5}"#,
+        ))
+        .await;
+    assert!(retry.replayed());
+    h.send(json_post(
+        "/readings",
+        "alice",
+        &["k1"],
+        r#"{"celsius": 21.6, "station": {"b": 1, "a": 2}}"#,
+    ))
+    .await
+    .assert_problem(422, "urn:idem:problem:key-mismatch");
+    assert_eq!(h.probe.calls(), 1);
+}

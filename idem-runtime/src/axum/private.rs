@@ -7,19 +7,22 @@
 //! async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<New>) -> impl IntoResponse { BODY }
 //! ```
 //!
-//! is, in essence (`IDEM_DEBUG_EXPAND=1` prints the real expansion; see `idem-macros/src/expand.rs`):
+//! is, in essence (`IDEM_DEBUG_EXPAND=1` prints the real expansion; see `idem-macros/src/expand.rs`;
+//! a last parameter of another type is wrapped in [`WithBody`] instead of [`WithJson`]):
 //!
 //! ```ignore
 //! async fn create(
 //!     __idem_engine: ::idem_runtime::__private::EngineState,
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
+//!     ::idem_runtime::__private::WithJson(Json(req), __idem_request): ::idem_runtime::__private::WithJson<Json<New>, 1048576>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
 //!         .ttl(::idem_runtime::__private::Duration::from_secs(86400))
 //!         .handler("create")
 //!         .checked();
+//!     // A last parameter written `Json<..>` must be axum's (reported at its type otherwise).
+//!     ::idem_runtime::__private::json_body::<Json<New>>();
 //!     // Copied out: the body below is an `async move` block that may use `user` itself.
 //!     let __idem_scope = ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move { BODY }).await
@@ -125,6 +128,64 @@ where
             .await
             .map_err(IntoResponse::into_response)?;
         Ok(Self(inner, super::request::context(&parts, &bytes)))
+    }
+}
+
+/// Wraps a last parameter written `Json<T>`: what [`WithBody`] does, but `T` is deserialized in
+/// the parse that fingerprints the body instead of in a second one. The body is read under the
+/// router's `DefaultBodyLimit` as well as `LIMIT`, as axum's `Json` would read it. Whenever that
+/// parse cannot stand in for axum's exactly (a media type `Json` refuses, a body `T` does not
+/// deserialize from, a form of value the one parse does not reproduce), `J` extracts itself from
+/// the same bytes, so every rejection is axum's own.
+#[derive(Debug)]
+pub struct WithJson<J, const LIMIT: usize>(pub J, pub RequestContext);
+
+/// Fails to compile when the last parameter written `Json<..>` is not axum's `Json`; the expansion
+/// calls it at the parameter's type, where the error is then reported.
+pub const fn json_body<J: JsonBody>() {}
+
+/// axum's `Json<T>`, which [`WithJson`] builds from the `T` it deserialized.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` reads a last parameter of a type named `Json<..>` as axum's `Json`, and `{Self}` is not axum's `Json`",
+    label = "not `axum::Json`",
+    note = "idem deserializes axum's `Json<T>` in the same parse that fingerprints the body; to extract another type named `Json`, name it through an alias, e.g. `type Body<T> = my_crate::Json<T>;`"
+)]
+pub trait JsonBody: Sized {
+    /// The deserialized type.
+    type Value: ::serde::de::DeserializeOwned;
+
+    /// The extractor around `value`.
+    fn from_value(value: Self::Value) -> Self;
+}
+
+impl<T: ::serde::de::DeserializeOwned> JsonBody for ::axum::Json<T> {
+    type Value = T;
+
+    fn from_value(value: T) -> Self {
+        ::axum::Json(value)
+    }
+}
+
+impl<S, J, const LIMIT: usize> FromRequest<S> for WithJson<J, LIMIT>
+where
+    J: JsonBody + FromRequest<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        use ::axum::RequestExt;
+        let (parts, body) = req.with_limited_body().into_parts();
+        let bytes = super::request::read_body(body, LIMIT).await?;
+        if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes) {
+            return Ok(Self(J::from_value(value), ctx));
+        }
+        let ctx = super::request::context(&parts, &bytes);
+        let req = Request::from_parts(parts, ::axum::body::Body::from(bytes));
+        let inner = J::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self(inner, ctx))
     }
 }
 

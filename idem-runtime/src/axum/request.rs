@@ -11,13 +11,15 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
 use ::axum::body::Body;
 use ::axum::extract::OriginalUri;
+use ::axum::http::header::CONTENT_TYPE;
 use ::axum::http::request::Parts;
-use ::axum::http::HeaderName;
+use ::axum::http::{HeaderMap, HeaderName};
 use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-/// The body, whole, or a 413 / 400 problem.
+/// The body, whole, or a 413 / 400 problem. A body already limited by axum's `DefaultBodyLimit`
+/// (see [`WithJson`](super::private::WithJson)) answers 413 over either limit.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
     match collect(Limited::new(body, limit)).await {
         Ok(bytes) => Ok(bytes),
@@ -26,6 +28,21 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Respons
             Err(Problem::new(
                 ProblemType::BodyTooLarge,
                 format!("The request body is larger than this endpoint accepts ({limit} bytes). The Idempotency-Key was not used."),
+            )
+            .into_response())
+        }
+        // The router's own limit, inside idem's: its error arrives wrapped by axum's body.
+        Err(error)
+            if std::iter::successors(
+                Some(&*error as &(dyn std::error::Error + 'static)),
+                |e| e.source(),
+            )
+            .any(|e| e.is::<LengthLimitError>()) =>
+        {
+            tracing::debug!(target: "idem", "request body over the router's DefaultBodyLimit");
+            Err(Problem::new(
+                ProblemType::BodyTooLarge,
+                "The request body is larger than this server accepts. The Idempotency-Key was not used.",
             )
             .into_response())
         }
@@ -70,34 +87,75 @@ async fn collect(
 static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(super::KEY_HEADER);
 
 /// What the engine needs from the request: its fingerprint and its key header.
-///
-/// The path is the one the client sent (before any `Router::nest` stripped a prefix), so that two
-/// nested endpoints never share a fingerprint.
 pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
+    let (method, path, content_type) = head(parts);
+    RequestContext {
+        fingerprint: Fingerprint::of_request(method, path, content_type, body),
+        key: key_header(parts),
+    }
+}
+
+/// [`context`], and `T` deserialized from the body in the same parse (`fingerprint/tee.rs`), if
+/// axum's `Json<T>` would accept the request and the parse reproduces its `T`; `None` otherwise.
+pub(crate) fn json_context<T: serde::de::DeserializeOwned>(
+    parts: &Parts,
+    body: &[u8],
+) -> Option<(T, RequestContext)> {
+    if !json_media_type(&parts.headers) {
+        return None;
+    }
+    let (method, path, content_type) = head(parts);
+    let (value, fingerprint) =
+        crate::fingerprint::of_json_request(method, path, content_type, body)?;
+    let key = key_header(parts);
+    Some((value, RequestContext { fingerprint, key }))
+}
+
+/// Whether axum's `Json` accepts the request's media type, decided as axum decides it
+/// (`axum/src/json.rs`: an `application` type whose subtype or suffix is `json`).
+fn json_media_type(headers: &HeaderMap) -> bool {
+    let Some(Ok(content_type)) = headers.get(CONTENT_TYPE).map(|v| v.to_str()) else {
+        return false;
+    };
+    // What nearly every client sends, accepted without parsing it.
+    if content_type == "application/json" {
+        return true;
+    }
+    content_type.parse::<mime::Mime>().is_ok_and(|mime| {
+        mime.type_() == "application"
+            && (mime.subtype() == "json" || mime.suffix().is_some_and(|name| name == "json"))
+    })
+}
+
+/// The method, the path and the content type, as the fingerprint takes them. The path is the one
+/// the client sent (before any `Router::nest` stripped a prefix), so that two nested endpoints
+/// never share a fingerprint. A content type that is not visible ASCII is no JSON media type: the
+/// body is then compared as bytes.
+fn head(parts: &Parts) -> (&str, &str, Option<&str>) {
     let uri = parts
         .extensions
         .get::<OriginalUri>()
         .map_or(&parts.uri, |original| &original.0);
-    let fingerprint = Fingerprint::of_request(
+    (
         parts.method.as_str(),
         uri.path_and_query().map_or(uri.path(), |pq| pq.as_str()),
-        // A content type that is not visible ASCII is no JSON media type: the body is compared as bytes.
         parts
             .headers
-            .get(::axum::http::header::CONTENT_TYPE)
+            .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
-        body,
-    );
+    )
+}
+
+fn key_header(parts: &Parts) -> KeyHeader {
     let mut keys = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
-    let key = match (keys.next(), keys.next()) {
+    match (keys.next(), keys.next()) {
         (None, _) => KeyHeader::Missing,
         (Some(one), None) => match IdempotencyKey::parse(one.as_bytes()) {
             Ok(key) => KeyHeader::Valid(key),
             Err(error) => KeyHeader::Invalid(error),
         },
         (Some(_), Some(_)) => KeyHeader::Invalid(KeyError::Repeated),
-    };
-    RequestContext { fingerprint, key }
+    }
 }
 
 #[cfg(test)]

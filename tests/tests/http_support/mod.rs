@@ -504,6 +504,78 @@ async fn derive_missing(
     created(probe.call(), &user, &req)
 }
 
+/// What `/orders` takes: an enum of each of serde_json's two forms, a nested struct and fields
+/// the type does not know, all parsed once for the handler and the fingerprint.
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct NewOrder {
+    pub currency: Currency,
+    pub items: Vec<Item>,
+    pub delivery: Delivery,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub enum Currency {
+    #[serde(rename = "KRW")]
+    Won,
+    #[serde(rename = "EUR")]
+    Euro,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct Item {
+    pub sku: String,
+    pub quantity: u32,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub enum Delivery {
+    Pickup,
+    Courier { address: String },
+}
+
+/// Echoes the order as the handler received it.
+#[idempotent(scope = "user")]
+async fn create_order(
+    State(probe): State<Probe>,
+    user: User,
+    Json(order): Json<NewOrder>,
+) -> impl IntoResponse {
+    let n = probe.call();
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/orders/{n}"))],
+        Json(serde_json::json!({
+            "n": n,
+            "owner": user.0,
+            "variants": format!("{:?} {:?}", order.currency, order.delivery),
+            "order": order,
+        })),
+    )
+}
+
+/// What `/readings` takes: an `f32`, which serde_json parses at single precision, so its
+/// fingerprint comes from a second parse of the body.
+#[derive(Debug, Deserialize)]
+pub struct Reading {
+    pub celsius: f32,
+}
+
+#[idempotent(scope = "user")]
+async fn record_reading(
+    State(probe): State<Probe>,
+    user: User,
+    Json(reading): Json<Reading>,
+) -> impl IntoResponse {
+    let n = probe.call();
+    (
+        StatusCode::CREATED,
+        format!("reading {n} by {}: {}", user.0, reading.celsius),
+    )
+}
+
+/// Under the router's `DefaultBodyLimit` of this many bytes (`/limited`).
+pub const ROUTER_LIMIT: usize = 48;
+
 /// `scope = "global"`, with a head-only last extractor (the `ViaPartsExtractor` impl).
 #[idempotent(scope = "global")]
 async fn global_ping(State(probe): State<Probe>, user: User) -> impl IntoResponse {
@@ -529,5 +601,11 @@ pub fn router(app: App) -> Router {
         .route("/deadline", post(pass_until_deadline))
         .route("/derive", post(derive_missing))
         .route("/ping", post(global_ping))
+        .route("/orders", post(create_order))
+        .route("/readings", post(record_reading))
+        .route(
+            "/limited",
+            post(create_refund).layer(axum::extract::DefaultBodyLimit::max(ROUTER_LIMIT)),
+        )
         .with_state(app)
 }

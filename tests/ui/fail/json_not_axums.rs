@@ -1,0 +1,33 @@
+// A last parameter written `Json<T>` is read as axum's `Json` (parsed once for the handler and
+// the fingerprint); another crate's type named `Json` is reported at the type, with the way out
+// (the router's "not a handler" error follows from it).
+#[path = "../support.rs"]
+mod support;
+
+use idem_runtime::idempotent;
+
+mod other {
+    use axum::extract::{FromRequest, Request};
+
+    pub struct Json<T>(pub T);
+
+    impl<S: Send + Sync, T: From<String>> FromRequest<S> for Json<T> {
+        type Rejection = ();
+
+        async fn from_request(req: Request, state: &S) -> Result<Self, ()> {
+            let text = String::from_request(req, state).await.map_err(|_| ())?;
+            Ok(Json(T::from(text)))
+        }
+    }
+}
+
+use other::Json;
+
+#[idempotent(scope = "global")]
+async fn create(Json(body): Json<String>) -> String {
+    body
+}
+
+fn main() {
+    let _ = support::route(create);
+}
