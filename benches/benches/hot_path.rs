@@ -1,5 +1,6 @@
-//! Criterion micro-benchmarks of idem's hot path on the memory store: fingerprinting, a new request
-//! and a replay through the engine, and the wake-up registry's notify, which every completion calls.
+//! Criterion micro-benchmarks of idem's hot path on the memory store: fingerprinting, extracting a
+//! `Json<T>` body with its fingerprint (two parses against one), a new request and a replay through
+//! the engine, and the wake-up registry's notify, which every completion calls.
 //! Run with: cargo bench -p idem-bench --bench hot_path
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -81,6 +82,53 @@ fn fingerprint(c: &mut Criterion) {
             })
         });
     }
+}
+
+/// The body as the handler's `Json<T>` and the fingerprint take it, for a handler that takes
+/// `Json<Payment>`: through `WithBody` (the fingerprint's parse, then `Json`'s own) and through
+/// `WithJson` (one parse for both), the two wrappers `#[idempotent]` chooses between.
+fn extract(c: &mut Criterion) {
+    use axum::extract::FromRequest;
+    use idem_runtime::__private::{WithBody, WithJson};
+
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Payment {
+        amount: i64,
+        currency: String,
+        description: String,
+    }
+    const LIMIT: usize = 1 << 20;
+    let request = || {
+        axum::http::Request::post("/payments")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "order-42")
+            .body(axum::body::Body::from(BODY))
+            .expect("a request")
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("extract/Json<T> and fingerprint");
+    group.bench_function("two parses (WithBody)", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let extracted =
+                    WithBody::<axum::Json<Payment>, LIMIT>::from_request(request(), &()).await;
+                black_box(extracted.is_ok())
+            })
+        })
+    });
+    group.bench_function("one parse (WithJson)", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let extracted =
+                    WithJson::<axum::Json<Payment>, LIMIT>::from_request(request(), &()).await;
+                black_box(extracted.is_ok())
+            })
+        })
+    });
+    group.finish();
 }
 
 fn engine(c: &mut Criterion) {
@@ -183,5 +231,5 @@ fn work() {
 
 const WORK: u64 = 200;
 
-criterion_group!(benches, fingerprint, engine, waiters);
+criterion_group!(benches, fingerprint, extract, engine, waiters);
 criterion_main!(benches);
