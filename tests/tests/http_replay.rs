@@ -251,6 +251,17 @@ async fn nested_routers_do_not_share_fingerprints() {
     v2.assert_problem(422, "urn:idem:problem:key-mismatch");
 }
 
+/// The record alice's key `k1` holds carries the fingerprint `Fingerprint::of_request` gives a
+/// JSON POST of `body` to `path`, as records stored before the one parse carry it.
+async fn assert_stored_fingerprint_is_of(h: &Harness, path: &str, body: &str) {
+    let record = h.record("alice", "k1").await.expect("stored");
+    let json = Some("application/json");
+    assert_eq!(
+        record.fingerprint,
+        idem_runtime::Fingerprint::of_request("POST", path, json, body.as_bytes())
+    );
+}
+
 const ORDER: &str = r#"{"currency":"KRW","items":[{"sku":"apple","quantity":2}],"delivery":{"Courier":{"address":"1 Main St"}}}"#;
 const ORDER_REWRITTEN: &str = r#" { "delivery" : { "Courier" : { "address" : "1 Main St" } } ,
     "items" : [ { "quantity" : 2 , "sku" : "app\u006ce" } ] , "currency" : "KRW" } "#;
@@ -274,18 +285,7 @@ async fn a_json_body_is_parsed_once_for_the_handler_and_the_fingerprint() {
         }),
         "the handler got the order as serde_json reads it"
     );
-    // The fingerprint is the one `Fingerprint::of_request` gives these bytes, as stored records
-    // written before the one parse carry it.
-    let record = h.record("alice", "k1").await.expect("stored");
-    assert_eq!(
-        record.fingerprint,
-        idem_runtime::Fingerprint::of_request(
-            "POST",
-            "/orders",
-            Some("application/json"),
-            ORDER.as_bytes()
-        )
-    );
+    assert_stored_fingerprint_is_of(&h, "/orders", ORDER).await;
 
     // Re-serialised by the client (members reordered, an escape, other whitespace, another way
     // to write the media type): the same request.
@@ -323,16 +323,7 @@ async fn a_body_fingerprinted_by_a_second_parse_replays_the_same_way() {
     let fresh = h.send(json_post("/readings", "alice", &["k1"], body)).await;
     assert_eq!(fresh.status, 201);
     assert_eq!(&fresh.body[..], b"reading 1 by alice: 21.5");
-    let record = h.record("alice", "k1").await.expect("stored");
-    assert_eq!(
-        record.fingerprint,
-        idem_runtime::Fingerprint::of_request(
-            "POST",
-            "/readings",
-            Some("application/json"),
-            body.as_bytes()
-        )
-    );
+    assert_stored_fingerprint_is_of(&h, "/readings", body).await;
     let retry = h
         .send(json_post(
             "/readings",

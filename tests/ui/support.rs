@@ -1,5 +1,6 @@
 //! Shared by the UI cases: an application state that holds the idem engine, an authenticated-user
-//! extractor that is a scope, a request body type, and a check that a handler routes.
+//! extractor that is a scope, a request body type, another crate's extractor named `Json`, and a
+//! check that a handler routes.
 #![allow(dead_code)]
 
 use axum::extract::{FromRef, FromRequestParts};
@@ -59,4 +60,20 @@ where
     T: 'static,
 {
     axum::Router::new().route("/", axum::routing::post(handler))
+}
+
+/// Another crate's extractor that happens to be named `Json` (it reads the body as text).
+pub mod other {
+    use axum::extract::{FromRequest, Request};
+
+    pub struct Json<T>(pub T);
+
+    impl<S: Send + Sync, T: From<String>> FromRequest<S> for Json<T> {
+        type Rejection = ();
+
+        async fn from_request(req: Request, state: &S) -> Result<Self, ()> {
+            let text = String::from_request(req, state).await.map_err(|_| ())?;
+            Ok(Json(T::from(text)))
+        }
+    }
 }

@@ -105,11 +105,7 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
         let bytes = super::request::read_body(body, LIMIT).await?;
-        let ctx = super::request::context(&parts, &bytes);
-        let req = Request::from_parts(parts, ::axum::body::Body::from(bytes));
-        let inner = T::from_request(req, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
+        let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
         Ok(Self(inner, ctx))
     }
 }
@@ -180,11 +176,7 @@ where
         if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes) {
             return Ok(Self(J::from_value(value), ctx));
         }
-        let ctx = super::request::context(&parts, &bytes);
-        let req = Request::from_parts(parts, ::axum::body::Body::from(bytes));
-        let inner = J::from_request(req, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
+        let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
         Ok(Self(inner, ctx))
     }
 }

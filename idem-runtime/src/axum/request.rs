@@ -10,7 +10,7 @@ use super::problem::{Problem, ProblemType};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
 use ::axum::body::Body;
-use ::axum::extract::OriginalUri;
+use ::axum::extract::{FromRequest, OriginalUri, Request};
 use ::axum::http::header::CONTENT_TYPE;
 use ::axum::http::request::Parts;
 use ::axum::http::{HeaderMap, HeaderName};
@@ -93,6 +93,21 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
         fingerprint: Fingerprint::of_request(method, path, content_type, body),
         key: key_header(parts),
     }
+}
+
+/// [`context`], then `T` extracted by its own extractor from the same bytes: what `WithBody` does
+/// once the body is read, and `WithJson` when its one parse stands aside.
+pub(crate) async fn extract_from<S, T: FromRequest<S>>(
+    parts: Parts,
+    bytes: Bytes,
+    state: &S,
+) -> Result<(T, RequestContext), Response> {
+    let ctx = context(&parts, &bytes);
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let inner = T::from_request(req, state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    Ok((inner, ctx))
 }
 
 /// [`context`], and `T` deserialized from the body in the same parse (`fingerprint/tee.rs`), if

@@ -299,27 +299,33 @@ impl<'c, V> TeeVisitor<'c, V> {
     }
 }
 
+/// `TeeVisitor`'s visits of one value each: written as a scalar, or marking the parse unsure;
+/// either way passed on to `T`'s visitor unchanged.
+macro_rules! visit {
+    (scalar: $($scalar:ident($sty:ty)),*; unsure: $($unsure:ident($uty:ty)),*;) => {
+        $(fn $scalar<E: de::Error>(mut self, v: $sty) -> Result<V::Value, E> {
+            self.scalar(&v);
+            self.visitor.$scalar(v)
+        })*
+        $(fn $unsure<E: de::Error>(mut self, v: $uty) -> Result<V::Value, E> {
+            self.unsure();
+            self.visitor.$unsure(v)
+        })*
+    };
+}
+
 impl<'de, V: Visitor<'de>> Visitor<'de> for TeeVisitor<'_, V> {
     type Value = V::Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.visitor.expecting(f)
     }
-    fn visit_bool<E: de::Error>(mut self, v: bool) -> Result<V::Value, E> {
-        self.scalar(&v);
-        self.visitor.visit_bool(v)
-    }
-    fn visit_i64<E: de::Error>(mut self, v: i64) -> Result<V::Value, E> {
-        self.scalar(&v);
-        self.visitor.visit_i64(v)
-    }
-    fn visit_u64<E: de::Error>(mut self, v: u64) -> Result<V::Value, E> {
-        self.scalar(&v);
-        self.visitor.visit_u64(v)
-    }
-    fn visit_f64<E: de::Error>(mut self, v: f64) -> Result<V::Value, E> {
-        self.scalar(&v);
-        self.visitor.visit_f64(v)
+    visit! {
+        scalar: visit_bool(bool), visit_i64(i64), visit_u64(u64), visit_f64(f64);
+        // serde_json calls none of these on a value it reports: passed on, unsure.
+        unsure: visit_i8(i8), visit_i16(i16), visit_i32(i32), visit_i128(i128), visit_u8(u8),
+            visit_u16(u16), visit_u32(u32), visit_u128(u128), visit_f32(f32), visit_char(char),
+            visit_bytes(&[u8]), visit_borrowed_bytes(&'de [u8]), visit_byte_buf(Vec<u8>);
     }
     fn visit_str<E: de::Error>(mut self, v: &str) -> Result<V::Value, E> {
         self.string(Cow::Borrowed(v));
@@ -387,59 +393,6 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for TeeVisitor<'_, V> {
         Ok(value)
     }
 
-    // serde_json calls none of these on a value it reports: forwarded, unsure.
-    fn visit_i8<E: de::Error>(mut self, v: i8) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_i8(v)
-    }
-    fn visit_i16<E: de::Error>(mut self, v: i16) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_i16(v)
-    }
-    fn visit_i32<E: de::Error>(mut self, v: i32) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_i32(v)
-    }
-    fn visit_i128<E: de::Error>(mut self, v: i128) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_i128(v)
-    }
-    fn visit_u8<E: de::Error>(mut self, v: u8) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_u8(v)
-    }
-    fn visit_u16<E: de::Error>(mut self, v: u16) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_u16(v)
-    }
-    fn visit_u32<E: de::Error>(mut self, v: u32) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_u32(v)
-    }
-    fn visit_u128<E: de::Error>(mut self, v: u128) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_u128(v)
-    }
-    fn visit_f32<E: de::Error>(mut self, v: f32) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_f32(v)
-    }
-    fn visit_char<E: de::Error>(mut self, v: char) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_char(v)
-    }
-    fn visit_bytes<E: de::Error>(mut self, v: &[u8]) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_bytes(v)
-    }
-    fn visit_borrowed_bytes<E: de::Error>(mut self, v: &'de [u8]) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_borrowed_bytes(v)
-    }
-    fn visit_byte_buf<E: de::Error>(mut self, v: Vec<u8>) -> Result<V::Value, E> {
-        self.unsure();
-        self.visitor.visit_byte_buf(v)
-    }
     fn visit_enum<A: EnumAccess<'de>>(mut self, data: A) -> Result<V::Value, A::Error> {
         self.unsure();
         self.visitor.visit_enum(data)

@@ -5,23 +5,7 @@
 mod support;
 
 use idem_runtime::idempotent;
-
-mod other {
-    use axum::extract::{FromRequest, Request};
-
-    pub struct Json<T>(pub T);
-
-    impl<S: Send + Sync, T: From<String>> FromRequest<S> for Json<T> {
-        type Rejection = ();
-
-        async fn from_request(req: Request, state: &S) -> Result<Self, ()> {
-            let text = String::from_request(req, state).await.map_err(|_| ())?;
-            Ok(Json(T::from(text)))
-        }
-    }
-}
-
-use other::Json;
+use support::other::Json;
 
 #[idempotent(scope = "global")]
 async fn create(Json(body): Json<String>) -> String {
