@@ -278,8 +278,8 @@ pub(crate) fn expand(config: Config) -> TokenStream {
 }
 
 /// Whether a parameter's type is written `Json<T>`, under any path (`Json`, `axum::Json`,
-/// `axum::extract::Json`). The macro sees tokens, not types: a type of another crate named `Json`
-/// matches too, and the expansion then fails to compile at that type, saying how to opt out.
+/// `axum::extract::Json`). The macro sees tokens, not types: any other type named `Json` matches
+/// too, and the expansion then fails to compile at that type, saying how to opt out.
 fn is_json(ty: &Type) -> bool {
     match ty {
         Type::Paren(inner) => is_json(&inner.elem),

@@ -279,8 +279,9 @@ use proc_macro::TokenStream;
 /// A last parameter written `Json<T>` (under any path: `Json`, `axum::Json`, `axum::extract::Json`)
 /// is deserialized in the parse that fingerprints the body, instead of parsing the body a second
 /// time; its rejections (415, 400, 422) are still axum's own. The attribute reads tokens, not types,
-/// so another crate's type named `Json` is taken for axum's and reported at that type; name it
-/// through an alias (`type Body<T> = other::Json<T>;`) to extract it as any other parameter.
+/// so any other type named `Json` (your own or another crate's) is taken for axum's and reported at
+/// that type; name it through an alias (`type Body<T> = other::Json<T>;`) to extract it as any
+/// other parameter.
 ///
 /// A router whose state has no `Engine` fails to compile, never on the first request. As the only
 /// state type the compiler can see providing an `Engine` is `Engine` itself, the error names it:

@@ -175,6 +175,9 @@ struct Canonical {
     pending_key: Option<KeyWritten>,
     /// Whether the one-parse path saw a value in a form `Write` does not write (see [`tee`]).
     unsure: bool,
+    /// Whether the one-parse path saw an error, or a call it cannot reproduce, anywhere: its
+    /// value and its form then stand for nothing (see [`tee`]).
+    refused: bool,
 }
 
 /// A thread's buffers are kept up to this many bytes each; larger ones, grown by a larger body, are
@@ -229,6 +232,7 @@ impl Canonical {
             escaped_keys: Vec::new(),
             pending_key: None,
             unsure: false,
+            refused: false,
         }
     }
 
@@ -253,6 +257,7 @@ impl Canonical {
         self.escaped_keys.clear();
         self.pending_key = None;
         self.unsure = false;
+        self.refused = false;
         self.out.reserve(len);
     }
 
@@ -292,8 +297,10 @@ impl Canonical {
                     h.update(b"}");
                 }
             }
-            at = object.close;
-            next = object.after;
+            // Never backwards, even over an object left unclosed (a parse that failed half-way is
+            // never hashed, but a mistake here must not loop forever).
+            at = object.close.max(at);
+            next = object.after.max(next + 1);
         }
         h.update(self.out.get(at..to).unwrap_or_default());
     }
@@ -818,6 +825,26 @@ mod tests {
                 String::from_utf8_lossy(&body[..body.len().min(40)])
             );
         }
+    }
+
+    #[test]
+    fn an_object_left_open_is_hashed_in_finite_time() {
+        // Never hashed by the parses (a parse that fails is not hashed), but a mistake must not
+        // loop: an object out of key order around one never closed.
+        let mut canon = Canonical::new();
+        canon.start(0);
+        let outer = canon.open_object();
+        let z = canon.member_key(outer, Cow::Borrowed("z"));
+        let _never_closed = canon.open_object();
+        canon.member_end(z);
+        let a = canon.member_key(outer, Cow::Borrowed("a"));
+        canon.scalar(&1);
+        canon.member_end(a);
+        canon.close_object(outer);
+        assert!(canon.objects.iter().any(|o| o.reordered.is_some()));
+        let mut h = Sha256::new();
+        canon.finish(&mut h);
+        let _ = h.finalize();
     }
 
     #[test]

@@ -344,9 +344,37 @@ async fn the_routers_body_limit_holds_for_a_json_handler_and_claims_nothing() {
     assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
     assert_eq!(h.probe.calls(), 0);
 
+    // A media type `Json` refuses is refused as axum's `Json` refuses it, before any limit.
+    let mut text = json_post("/limited", "alice", &["k1"], over);
+    text.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain"),
+    );
+    assert_eq!(h.send(text).await.status, 415);
+    assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+
     let good = h
         .send(json_post("/limited", "alice", &["k1"], PAY_1000))
         .await;
     assert_eq!(good.status, 201);
     assert_eq!(h.probe.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_body_over_a_limit_further_out_is_413_and_claims_nothing() {
+    // `/outer-limited` takes its body through a middleware's limit (as tower-http's
+    // `RequestBodyLimit` applies it) and extracts through `WithBody`: too large is 413, never
+    // "unreadable, send it again".
+    let h = Harness::new();
+    let over = r#"{"amount":1000,"currency":"KRW","memo":"a few bytes too many"}"#;
+    let reply = h
+        .send(json_post("/outer-limited", "alice", &["k1"], over))
+        .await;
+    reply.assert_problem(413, "urn:idem:problem:body-too-large");
+    assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+    assert_eq!(h.probe.calls(), 0);
+    let good = h
+        .send(json_post("/outer-limited", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(good.status, 201);
 }

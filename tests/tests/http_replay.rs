@@ -343,3 +343,33 @@ async fn a_body_fingerprinted_by_a_second_parse_replays_the_same_way() {
     .assert_problem(422, "urn:idem:problem:key-mismatch");
     assert_eq!(h.probe.calls(), 1);
 }
+
+#[tokio::test]
+async fn bodies_that_deserialize_alike_but_differ_are_a_mismatch() {
+    // `/lenient` drops a note that is not a number: both bodies give the handler the same value,
+    // but they are two requests, and the second must not be answered with the first's response.
+    let h = Harness::new();
+    let first = r#"{"amount":1000,"note":"abc"}"#;
+    let fresh = h.send(json_post("/lenient", "alice", &["k1"], first)).await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(&fresh.body[..], b"payment 1 by alice: 1000 (None)");
+    assert_stored_fingerprint_is_of(&h, "/lenient", first).await;
+    h.send(json_post(
+        "/lenient",
+        "alice",
+        &["k1"],
+        r#"{"amount":1000,"note":true}"#,
+    ))
+    .await
+    .assert_problem(422, "urn:idem:problem:key-mismatch");
+    let retry = h
+        .send(json_post(
+            "/lenient",
+            "alice",
+            &["k1"],
+            r#"{"note":"abc","amount":1000}"#,
+        ))
+        .await;
+    assert!(retry.replayed());
+    assert_eq!(h.probe.calls(), 1);
+}

@@ -171,10 +171,16 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         use ::axum::RequestExt;
-        let (parts, body) = req.with_limited_body().into_parts();
+        // A media type `Json` refuses is read as `WithBody` reads it, so that `Json` answers it
+        // (415) before any limit of its own applies, as it would alone.
+        let json = super::request::json_media_type(req.headers());
+        let req = if json { req.with_limited_body() } else { req };
+        let (parts, body) = req.into_parts();
         let bytes = super::request::read_body(body, LIMIT).await?;
-        if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes) {
-            return Ok(Self(J::from_value(value), ctx));
+        if json {
+            if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes) {
+                return Ok(Self(J::from_value(value), ctx));
+            }
         }
         let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
         Ok(Self(inner, ctx))

@@ -110,15 +110,13 @@ pub(crate) async fn extract_from<S, T: FromRequest<S>>(
     Ok((inner, ctx))
 }
 
-/// [`context`], and `T` deserialized from the body in the same parse (`fingerprint/tee.rs`), if
-/// axum's `Json<T>` would accept the request and the parse reproduces its `T`; `None` otherwise.
+/// [`context`], and `T` deserialized from the body in the same parse (`fingerprint/tee.rs`), for
+/// a request of a media type axum's `Json<T>` accepts ([`json_media_type`]), if the parse
+/// reproduces its `T`; `None` otherwise.
 pub(crate) fn json_context<T: serde::de::DeserializeOwned>(
     parts: &Parts,
     body: &[u8],
 ) -> Option<(T, RequestContext)> {
-    if !json_media_type(&parts.headers) {
-        return None;
-    }
     let (method, path, content_type) = head(parts);
     let (value, fingerprint) =
         crate::fingerprint::of_json_request(method, path, content_type, body)?;
@@ -128,7 +126,7 @@ pub(crate) fn json_context<T: serde::de::DeserializeOwned>(
 
 /// Whether axum's `Json` accepts the request's media type, decided as axum decides it
 /// (`axum/src/json.rs`: an `application` type whose subtype or suffix is `json`).
-fn json_media_type(headers: &HeaderMap) -> bool {
+pub(crate) fn json_media_type(headers: &HeaderMap) -> bool {
     let Some(Ok(content_type)) = headers.get(CONTENT_TYPE).map(|v| v.to_str()) else {
         return false;
     };

@@ -7,16 +7,21 @@
 //! serde_json reports on its way back to `T`'s visitor is also written into the canonical form,
 //! exactly where [`Write`] would write it. The fingerprint is then hashed from that form.
 //!
-//! Two rules keep this exact:
+//! Three rules keep this exact:
 //!
 //! - **`T`'s value is serde_json's.** Calls are forwarded as they are, with two exceptions that
 //!   reproduce serde_json's behaviour by other means because its own way would hide the value from
 //!   the form: a value `T` ignores is parsed instead of skipped, then reported as serde_json
 //!   reports it (`visit_unit`); an enum is read through `deserialize_any` and handed to `T`'s
 //!   visitor as serde_json's two enum forms (a string, or an object of one member) would hand it.
-//!   Whatever cannot be reproduced exactly is refused with an error, and the caller then runs
-//!   `Json<T>` itself on the same bytes ([`crate::axum`]): a refusal costs the second parse, never
-//!   a different value.
+//! - **An error anywhere refuses the parse.** An error that passes through the tee, whether
+//!   serde_json's or `T`'s own, refuses it even if `T`'s `Deserialize` swallows it and goes on (a
+//!   lenient field): serde_json may have consumed a value the form never got, or, past an enum
+//!   read through `deserialize_any`, one serde_json would not have consumed. So does whatever the
+//!   tee cannot reproduce (a variant's name read other than as a string, an enum visitor that
+//!   returns without reading it). The caller then runs `Json<T>` itself on the same bytes
+//!   ([`crate::axum`]): a refusal costs the second parse (and runs `T`'s `Deserialize` twice),
+//!   never a different value.
 //! - **The form is [`Write`]'s, or none.** Values reported in a shape `Write` never sees (an `f32`
 //!   or 128-bit integer parsed at `T`'s request, raw bytes, an object key read as a number, a
 //!   `RawValue`) make the parse *unsure*: `T` is still returned, and the fingerprint is computed
@@ -66,6 +71,11 @@ fn parse<T: DeserializeOwned>(
         let mut parser = serde_json::Deserializer::from_slice(body);
         let value = T::deserialize(Tee::value(&mut parser, canon)).ok()?;
         parser.end().ok()?;
+        // An error that `T`'s `Deserialize` swallowed: serde_json may have consumed what the form
+        // never got (or, past an enum read differently, not have consumed it).
+        if canon.refused {
+            return None;
+        }
         // Nothing written: `T` never read the body (an empty body, or a `Deserialize` that
         // ignores its input), which `Write` would call no JSON at all.
         let fingerprint = (!canon.unsure && !canon.out.is_empty()).then(|| {
@@ -124,36 +134,41 @@ impl<'c, D> Tee<'c, D> {
             role: Role::Value,
         }
     }
+}
 
-    /// `visitor`, writing what it is shown as this deserializer's role says.
-    fn visitor<V>(self, visitor: V) -> (D, TeeVisitor<'c, V>) {
-        let visitor = TeeVisitor {
-            visitor,
-            canon: self.canon,
-            role: self.role,
-        };
-        (self.de, visitor)
+impl Canonical {
+    /// `result`, the parse refused if it is an error: `T`'s `Deserialize` may swallow it and go
+    /// on, past a value serde_json consumed and the form never got.
+    fn noted<T, E>(&mut self, result: Result<T, E>) -> Result<T, E> {
+        if result.is_err() {
+            self.refused = true;
+        }
+        result
     }
 }
 
-/// Passes the call on, the visitor wrapped.
+/// Passes the call on, the visitor wrapped, and notes an error.
 macro_rules! forward {
     ($($method:ident($($arg:ident: $ty:ty),*);)*) => {$(
         fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, D::Error> {
-            let (de, visitor) = self.visitor(visitor);
-            de.$method($($arg,)* visitor)
+            let Tee { de, canon, role } = self;
+            let visitor = TeeVisitor { visitor, canon: &mut *canon, role };
+            let result = de.$method($($arg,)* visitor);
+            canon.noted(result)
         }
     )*};
 }
 
-/// Passes the call on, the visitor wrapped, after marking the parse unsure: serde_json answers it
-/// in a shape `Write` never sees.
+/// [`forward!`], after marking the parse unsure: serde_json answers these calls in shapes `Write`
+/// never sees.
 macro_rules! forward_unsure {
     ($($method:ident($($arg:ident: $ty:ty),*);)*) => {$(
         fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, D::Error> {
-            self.canon.unsure = true;
-            let (de, visitor) = self.visitor(visitor);
-            de.$method($($arg,)* visitor)
+            let Tee { de, canon, role } = self;
+            canon.unsure = true;
+            let visitor = TeeVisitor { visitor, canon: &mut *canon, role };
+            let result = de.$method($($arg,)* visitor);
+            canon.noted(result)
         }
     )*};
 }
@@ -202,12 +217,18 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Tee<'_, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        let Tee { de, canon, role } = self;
         // serde_json's own newtypes (`RawValue`) read the raw text, not values.
         if name.starts_with("$serde_json::") {
-            self.canon.unsure = true;
+            canon.unsure = true;
         }
-        let (de, visitor) = self.visitor(visitor);
-        de.deserialize_newtype_struct(name, visitor)
+        let visitor = TeeVisitor {
+            visitor,
+            canon: &mut *canon,
+            role,
+        };
+        let result = de.deserialize_newtype_struct(name, visitor);
+        canon.noted(result)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
@@ -216,33 +237,45 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Tee<'_, D> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        match self.role {
-            Role::Value => self.de.deserialize_any(EnumForm {
+        let Tee { de, canon, role } = self;
+        let result = match role {
+            Role::Value => de.deserialize_any(EnumForm {
                 visitor,
-                canon: self.canon,
+                canon: &mut *canon,
             }),
             // A key is always the string form; its variant is not written as a key.
             Role::Key(_) => {
-                self.canon.unsure = true;
-                let (de, visitor) = self.visitor(visitor);
+                canon.unsure = true;
+                let visitor = TeeVisitor {
+                    visitor,
+                    canon: &mut *canon,
+                    role,
+                };
                 de.deserialize_enum(name, variants, visitor)
             }
-        }
+        };
+        canon.noted(result)
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        match self.role {
+        let Tee { de, canon, role } = self;
+        let result = match role {
             // serde_json skips the value and reports a unit; it is parsed here instead, so that
             // what `T` ignores is fingerprinted too.
-            Role::Value => {
-                self.de.deserialize_any(Write(self.canon))?;
-                visitor.visit_unit()
-            }
+            Role::Value => match de.deserialize_any(Write(&mut *canon)) {
+                Ok(()) => visitor.visit_unit(),
+                Err(e) => Err(e),
+            },
             Role::Key(_) => {
-                let (de, visitor) = self.visitor(visitor);
+                let visitor = TeeVisitor {
+                    visitor,
+                    canon: &mut *canon,
+                    role,
+                };
                 de.deserialize_ignored_any(visitor)
             }
-        }
+        };
+        canon.noted(result)
     }
 
     fn is_human_readable(&self) -> bool {
@@ -437,7 +470,8 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for TeeSeq<'_, A> {
             seed,
             canon: &mut *self.canon,
             role: Role::Value,
-        })?;
+        });
+        let element = self.canon.noted(element)?;
         match element {
             Some(_) => self.first = false,
             None => self.canon.out.truncate(before),
@@ -471,7 +505,8 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for TeeMap<'_, A> {
             seed,
             canon: &mut *self.canon,
             role: Role::Key(self.object),
-        })?;
+        });
+        let key = self.canon.noted(key)?;
         if key.is_some() {
             self.key = self.canon.pending_key.take();
             if self.key.is_none() {
@@ -486,7 +521,8 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for TeeMap<'_, A> {
             seed,
             canon: &mut *self.canon,
             role: Role::Value,
-        })?;
+        });
+        let value = self.canon.noted(value)?;
         if let Some(key) = self.key.take() {
             self.canon.member_end(key);
         }
@@ -500,9 +536,31 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for TeeMap<'_, A> {
 
 /// An enum in value position, read as `deserialize_any` reports it (so that it is written) and
 /// handed to `T`'s visitor in serde_json's two forms: `"Variant"`, or `{"Variant": value}`.
+/// serde_json reads nothing else as an enum (and consumes nothing else then): anything else, or
+/// a visitor that returns without reading the variant's name, refuses the parse.
 struct EnumForm<'c, V> {
     visitor: V,
     canon: &'c mut Canonical,
+}
+
+impl<'de, V: Visitor<'de>> EnumForm<'_, V> {
+    /// The string form: the name is written as a string, then handed to the visitor.
+    fn unit<E: de::Error>(self, ident: Ident<'_, 'de>) -> Result<V::Value, E> {
+        let name = match ident {
+            Ident::Borrowed(name) | Ident::Copied(name) => name,
+        };
+        self.canon.scalar(name);
+        let mut read = false;
+        let value = self.visitor.visit_enum(UnitForm {
+            ident,
+            read: &mut read,
+            error: PhantomData,
+        });
+        if !read {
+            self.canon.refused = true;
+        }
+        self.canon.noted(value)
+    }
 }
 
 impl<'de, V: Visitor<'de>> Visitor<'de> for EnumForm<'_, V> {
@@ -512,14 +570,10 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for EnumForm<'_, V> {
         self.visitor.expecting(f)
     }
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<V::Value, E> {
-        self.canon.scalar(v);
-        self.visitor
-            .visit_enum(UnitForm(Ident::Borrowed(v), PhantomData))
+        self.unit(Ident::Borrowed(v))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<V::Value, E> {
-        self.canon.scalar(v);
-        self.visitor
-            .visit_enum(UnitForm(Ident::Copied(v), PhantomData))
+        self.unit(Ident::Copied(v))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<V::Value, A::Error> {
         let EnumForm { visitor, canon } = self;
@@ -528,11 +582,12 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for EnumForm<'_, V> {
             map: &mut map,
             canon: &mut *canon,
             object,
-        })?;
-        // serde_json's enum object holds one member: past it, serde_json's own end of the object
-        // refuses anything but its `}`.
+        });
+        // serde_json's enum object holds one member, read whole: past what the visitor read,
+        // serde_json's own end of the object refuses anything but its `}` (a name or a value left
+        // unread, a second member).
         canon.close_object(object);
-        Ok(value)
+        canon.noted(value)
     }
 }
 
@@ -544,8 +599,12 @@ enum Ident<'a, 'de> {
 }
 
 /// The name of a variant, read the only ways serde_json's enum forms read one: as a string (an
-/// identifier, `str`, `string` or any). Any other request is refused (the caller then parses again).
-struct IdentDe<'a, 'de, E>(Ident<'a, 'de>, PhantomData<E>);
+/// identifier, `str`, `string` or any), which sets `read`. Any other request is refused.
+struct IdentDe<'a, 'de, 'f, E> {
+    ident: Ident<'a, 'de>,
+    read: &'f mut bool,
+    error: PhantomData<E>,
+}
 
 /// Refuses the call: see [`IdentDe`].
 macro_rules! refuse {
@@ -557,11 +616,12 @@ macro_rules! refuse {
     )*};
 }
 
-impl<'de, E: de::Error> Deserializer<'de> for IdentDe<'_, 'de, E> {
+impl<'de, E: de::Error> Deserializer<'de> for IdentDe<'_, 'de, '_, E> {
     type Error = E;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
-        match self.0 {
+        *self.read = true;
+        match self.ident {
             Ident::Borrowed(v) => visitor.visit_borrowed_str(v),
             Ident::Copied(v) => visitor.visit_str(v),
         }
@@ -607,20 +667,32 @@ impl<'de, E: de::Error> Deserializer<'de> for IdentDe<'_, 'de, E> {
     }
 }
 
-/// `"Variant"`: serde_json's unit form, whose variant may only be a unit.
-struct UnitForm<'a, 'de, E>(Ident<'a, 'de>, PhantomData<E>);
+/// `"Variant"`: serde_json's unit form, whose variant may only be a unit. `read` is set once the
+/// name is read whole.
+struct UnitForm<'a, 'de, 'f, E> {
+    ident: Ident<'a, 'de>,
+    read: &'f mut bool,
+    error: PhantomData<E>,
+}
 
-impl<'de, E: de::Error> EnumAccess<'de> for UnitForm<'_, 'de, E> {
+impl<'de, 'f, E: de::Error> EnumAccess<'de> for UnitForm<'_, 'de, 'f, E> {
     type Error = E;
     type Variant = UnitOnly<E>;
 
     fn variant_seed<S: DeserializeSeed<'de>>(self, seed: S) -> Result<(S::Value, UnitOnly<E>), E> {
-        let variant = seed.deserialize(IdentDe(self.0, PhantomData))?;
+        let mut named = false;
+        let variant = seed.deserialize(IdentDe {
+            ident: self.ident,
+            read: &mut named,
+            error: PhantomData,
+        })?;
+        *self.read = named;
         Ok((variant, UnitOnly(PhantomData)))
     }
 }
 
-/// The variant of [`UnitForm`]: a unit, as serde_json's string form allows.
+/// The variant of [`UnitForm`]: a unit, as serde_json's string form allows (it consumes nothing
+/// more, whatever is asked of it).
 struct UnitOnly<E>(PhantomData<E>);
 
 impl<'de, E: de::Error> VariantAccess<'de> for UnitOnly<E> {
@@ -670,27 +742,28 @@ impl<'de, 'm, 'c, A: MapAccess<'de>> EnumAccess<'de> for ObjectForm<'m, 'c, A> {
         seed: S,
     ) -> Result<(S::Value, Self::Variant), A::Error> {
         let ObjectForm { map, canon, object } = self;
-        let Some(variant) = map.next_key_seed(VariantName {
+        let name = map.next_key_seed(VariantName {
             seed,
             canon: &mut *canon,
             object,
-        })?
-        else {
-            return Err(de::Error::invalid_length(
+        });
+        let Some(variant) = canon.noted(name)? else {
+            return canon.noted(Err(de::Error::invalid_length(
                 0,
                 &"an enum object of one member",
-            ));
+            )));
         };
         let Some(key) = canon.pending_key.take() else {
-            return Err(de::Error::custom(
+            return canon.noted(Err(de::Error::custom(
                 "a variant name read other than as a string",
-            ));
+            )));
         };
         Ok((variant, ObjectVariant { map, canon, key }))
     }
 }
 
-/// Reads a variant's name from an object key as a string, written as the member's key.
+/// Reads a variant's name from an object key as a string, written as the member's key, then hands
+/// it to the seed as serde_json's object form would.
 struct VariantName<'c, S> {
     seed: S,
     canon: &'c mut Canonical,
@@ -716,12 +789,20 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for VariantName<'_, S> {
             }
         }
         let name = de.deserialize_str(AsName)?;
-        self.canon.pending_key = Some(self.canon.member_key(self.object, Cow::Borrowed(&name)));
         let ident = match &name {
             Cow::Borrowed(v) => Ident::Borrowed(v),
             Cow::Owned(v) => Ident::Copied(v),
         };
-        self.seed.deserialize(IdentDe(ident, PhantomData))
+        let mut named = false;
+        let variant = self.seed.deserialize(IdentDe {
+            ident,
+            read: &mut named,
+            error: PhantomData,
+        })?;
+        if named {
+            self.canon.pending_key = Some(self.canon.member_key(self.object, name));
+        }
+        Ok(variant)
     }
 }
 
@@ -739,7 +820,8 @@ impl<'de, A: MapAccess<'de>> ObjectVariant<'_, '_, A> {
             seed,
             canon: &mut *self.canon,
             role: Role::Value,
-        })?;
+        });
+        let value = self.canon.noted(value)?;
         self.canon.member_end(self.key);
         Ok(value)
     }
@@ -1131,6 +1213,80 @@ mod tests {
             Fingerprint::of_request("POST", "/p", Some("text/plain"), body)
         );
         assert_ne!(fingerprint, reference("POST", "/p", body));
+    }
+
+    /// A field that keeps what deserializes and swallows the error otherwise: serde_json has then
+    /// consumed a value the canonical form never got.
+    fn lenient<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        de: D,
+    ) -> Result<Option<T>, D::Error> {
+        Ok(T::deserialize(de).ok())
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(bound(deserialize = "T: Deserialize<'de>"))]
+    struct Lenient<T> {
+        #[serde(deserialize_with = "lenient", default)]
+        a: Option<T>,
+        b: u8,
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    struct Point2 {
+        x: u32,
+        y: u32,
+    }
+
+    #[test]
+    fn an_error_that_deserialize_swallows_leaves_the_body_to_the_extractor() {
+        // serde_json consumes the mismatched scalar and goes on; the form never got it. Both bodies
+        // would otherwise have written `{"a":,"b":1}` and shared a fingerprint.
+        assert_eq!(check::<Lenient<u32>>(r#"{"a":"abc","b":1}"#), Declined);
+        assert_eq!(check::<Lenient<u32>>(r#"{"a":true,"b":1}"#), Declined);
+        assert_eq!(check::<Lenient<u32>>(r#"{"a":7,"b":1}"#), Sure);
+        // Inside an object left half-read (a field missing): its members were written, its end
+        // never was. Out of order and in order.
+        assert_eq!(check::<Lenient<Point2>>(r#"{"a":{"x":1},"b":1}"#), Declined);
+        assert_eq!(check::<Lenient<Point2>>(r#"{"b":1,"a":{"x":1}}"#), Declined);
+        assert_eq!(
+            check::<Lenient<Point2>>(r#"{"b":1,"a":{"y":2,"x":1}}"#),
+            Sure
+        );
+        // Inside an array, and inside an enum's value.
+        let outcome = check::<Lenient<(u8, u8)>>(r#"{"b":1,"a":[300,1]}"#);
+        assert!(matches!(outcome, Declined | Refused), "{outcome:?}");
+        let outcome = check::<Lenient<Command>>(r#"{"a":{"Move":"far"},"b":1}"#);
+        assert!(matches!(outcome, Declined | Refused), "{outcome:?}");
+        // serde_json reads an enum only from a string or an object, and consumes nothing else:
+        // the one parse, which reads the value whatever it is, refuses what serde_json does.
+        assert_eq!(check::<Lenient<Currency>>(r#"{"a":null,"b":1}"#), Refused);
+        assert_eq!(check::<Lenient<Currency>>(r#"{"a":5,"b":1}"#), Refused);
+        assert_eq!(check::<Lenient<Currency>>(r#"{"a":"KRW","b":1}"#), Sure);
+    }
+
+    #[test]
+    fn an_enum_visitor_that_does_not_read_its_variant_is_refused() {
+        /// Accepts any enum without reading it.
+        #[derive(Debug, PartialEq)]
+        struct Unread;
+        impl<'de> Deserialize<'de> for Unread {
+            fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+                struct AnyEnum;
+                impl<'de> Visitor<'de> for AnyEnum {
+                    type Value = Unread;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("an enum")
+                    }
+                    fn visit_enum<A: EnumAccess<'de>>(self, _: A) -> Result<Unread, A::Error> {
+                        Ok(Unread)
+                    }
+                }
+                de.deserialize_enum("Unread", &["A"], AnyEnum)
+            }
+        }
+        // serde_json consumed nothing of it, and finds it trailing.
+        assert_eq!(check::<Unread>(r#""A""#), Refused);
+        assert_eq!(check::<Unread>(r#"{"A":1}"#), Refused);
     }
 
     #[test]

@@ -573,8 +573,40 @@ async fn record_reading(
     )
 }
 
-/// Under the router's `DefaultBodyLimit` of this many bytes (`/limited`).
+/// Under the router's `DefaultBodyLimit` of this many bytes (`/limited`), or under a middleware
+/// that limits the body to as many (`/outer-limited`, as tower-http's `RequestBodyLimit` does).
 pub const ROUTER_LIMIT: usize = 48;
+
+/// What `/lenient` takes: a field that keeps what deserializes and drops the rest, so bodies that
+/// differ can deserialize to the same value.
+#[derive(Debug, Deserialize)]
+pub struct LenientPayment {
+    pub amount: i64,
+    #[serde(default, deserialize_with = "lenient_number")]
+    pub note: Option<u32>,
+}
+
+fn lenient_number<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<u32>::deserialize(de).ok().flatten())
+}
+
+#[idempotent(scope = "user")]
+async fn lenient_payment(
+    State(probe): State<Probe>,
+    user: User,
+    Json(req): Json<LenientPayment>,
+) -> impl IntoResponse {
+    let n = probe.call();
+    (
+        StatusCode::CREATED,
+        format!("payment {n} by {}: {} ({:?})", user.0, req.amount, req.note),
+    )
+}
+
+/// Wraps the body in a limit, as body-limiting middleware does (tower-http's `RequestBodyLimit`).
+async fn limit_the_body(request: Request<Body>) -> Request<Body> {
+    request.map(|body| Body::new(http_body_util::Limited::new(body, ROUTER_LIMIT)))
+}
 
 /// `scope = "global"`, with a head-only last extractor (the `ViaPartsExtractor` impl).
 #[idempotent(scope = "global")]
@@ -607,5 +639,10 @@ pub fn router(app: App) -> Router {
             "/limited",
             post(create_refund).layer(axum::extract::DefaultBodyLimit::max(ROUTER_LIMIT)),
         )
+        .route(
+            "/outer-limited",
+            post(create_payment).layer(axum::middleware::map_request(limit_the_body)),
+        )
+        .route("/lenient", post(lenient_payment))
         .with_state(app)
 }
