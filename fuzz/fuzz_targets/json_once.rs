@@ -1,7 +1,8 @@
 //! The one parse of `Json<T>` (`idem-runtime/src/fingerprint/tee.rs`) on arbitrary bodies, as an
-//! untyped `Value` and as a typed struct with an enum and optional fields: it never panics, never
-//! yields a value serde_json would not (`serde_json::from_slice` is the reference for `T`), and its
-//! fingerprint is always `Fingerprint::of_request`'s for the same bytes.
+//! untyped `Value` and as a typed struct with enums, optional fields and a field that swallows its
+//! errors: it never panics, never yields a value serde_json would not (`serde_json::from_slice` is
+//! the reference for `T`), and its fingerprint is always `Fingerprint::of_request`'s for the same
+//! bytes.
 #![no_main]
 
 use idem_runtime::fingerprint::fuzzing::of_json_request;
@@ -20,6 +21,16 @@ struct Payment {
     items: Option<Vec<Item>>,
     meta: Option<BTreeMap<String, Value>>,
     ratio: Option<f32>,
+    /// Keeps what deserializes and swallows the error otherwise: serde_json then goes on past a
+    /// value the one parse must not have half-written.
+    #[serde(default, deserialize_with = "lenient")]
+    loose: Option<Vec<Item>>,
+}
+
+fn lenient<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    de: D,
+) -> Result<Option<T>, D::Error> {
+    Ok(T::deserialize(de).ok())
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
