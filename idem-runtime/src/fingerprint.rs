@@ -178,6 +178,9 @@ struct Canonical {
     /// Whether the one-parse path saw an error, or a call it cannot reproduce, anywhere: its
     /// value and its form then stand for nothing (see [`tee`]).
     refused: bool,
+    /// The one-parse path's calls out to serde_json or the handler's type not yet returned: more
+    /// than none at the end means a panic was caught past the form's bookkeeping (see [`tee`]).
+    handed_off: usize,
 }
 
 /// A thread's buffers are kept up to this many bytes each; larger ones, grown by a larger body, are
@@ -233,6 +236,7 @@ impl Canonical {
             pending_key: None,
             unsure: false,
             refused: false,
+            handed_off: 0,
         }
     }
 
@@ -258,6 +262,7 @@ impl Canonical {
         self.pending_key = None;
         self.unsure = false;
         self.refused = false;
+        self.handed_off = 0;
         self.out.reserve(len);
     }
 

@@ -19,7 +19,8 @@
 //!   lenient field): serde_json may have consumed a value the form never got, or, past an enum
 //!   read through `deserialize_any`, one serde_json would not have consumed. So does whatever the
 //!   tee cannot reproduce (a variant's name read other than as a string, an enum visitor that
-//!   returns without reading it). The caller then runs `Json<T>` itself on the same bytes
+//!   returns without reading it), and a panic that `T`'s code caught after it unwound through the
+//!   tee (a call out that never returned). The caller then runs `Json<T>` itself on the same bytes
 //!   ([`crate::axum`]): a refusal costs the second parse (and runs `T`'s `Deserialize` twice),
 //!   never a different value.
 //! - **The form is [`Write`]'s, or none.** Values reported in a shape `Write` never sees (an `f32`
@@ -73,7 +74,7 @@ fn parse<T: DeserializeOwned>(
         parser.end().ok()?;
         // An error that `T`'s `Deserialize` swallowed: serde_json may have consumed what the form
         // never got (or, past an enum read differently, not have consumed it).
-        if canon.refused {
+        if canon.refused || canon.handed_off != 0 {
             return None;
         }
         // Nothing written: `T` never read the body (an empty body, or a `Deserialize` that
@@ -145,6 +146,17 @@ impl Canonical {
         }
         result
     }
+
+    /// Hands control to serde_json or to `T`'s code for `f`, and [notes](Self::noted) what comes
+    /// back. `T`'s code may also catch a panic that unwinds through here, past the form's
+    /// bookkeeping: a hand-off that never came back is still counted in `handed_off`, which
+    /// refuses the parse.
+    fn hand_off<T, E>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, E>) -> Result<T, E> {
+        self.handed_off += 1;
+        let result = f(self);
+        self.handed_off -= 1;
+        self.noted(result)
+    }
 }
 
 /// Passes the call on, the visitor wrapped, and notes an error.
@@ -152,9 +164,7 @@ macro_rules! forward {
     ($($method:ident($($arg:ident: $ty:ty),*);)*) => {$(
         fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, D::Error> {
             let Tee { de, canon, role } = self;
-            let visitor = TeeVisitor { visitor, canon: &mut *canon, role };
-            let result = de.$method($($arg,)* visitor);
-            canon.noted(result)
+            canon.hand_off(|canon| de.$method($($arg,)* TeeVisitor { visitor, canon, role }))
         }
     )*};
 }
@@ -166,9 +176,7 @@ macro_rules! forward_unsure {
         fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, D::Error> {
             let Tee { de, canon, role } = self;
             canon.unsure = true;
-            let visitor = TeeVisitor { visitor, canon: &mut *canon, role };
-            let result = de.$method($($arg,)* visitor);
-            canon.noted(result)
+            canon.hand_off(|canon| de.$method($($arg,)* TeeVisitor { visitor, canon, role }))
         }
     )*};
 }
@@ -222,13 +230,16 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Tee<'_, D> {
         if name.starts_with("$serde_json::") {
             canon.unsure = true;
         }
-        let visitor = TeeVisitor {
-            visitor,
-            canon: &mut *canon,
-            role,
-        };
-        let result = de.deserialize_newtype_struct(name, visitor);
-        canon.noted(result)
+        canon.hand_off(|canon| {
+            de.deserialize_newtype_struct(
+                name,
+                TeeVisitor {
+                    visitor,
+                    canon,
+                    role,
+                },
+            )
+        })
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
@@ -238,44 +249,43 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Tee<'_, D> {
         visitor: V,
     ) -> Result<V::Value, D::Error> {
         let Tee { de, canon, role } = self;
-        let result = match role {
-            Role::Value => de.deserialize_any(EnumForm {
-                visitor,
-                canon: &mut *canon,
-            }),
+        match role {
+            Role::Value => canon.hand_off(|canon| de.deserialize_any(EnumForm { visitor, canon })),
             // A key is always the string form; its variant is not written as a key.
             Role::Key(_) => {
                 canon.unsure = true;
-                let visitor = TeeVisitor {
-                    visitor,
-                    canon: &mut *canon,
-                    role,
-                };
-                de.deserialize_enum(name, variants, visitor)
+                canon.hand_off(|canon| {
+                    de.deserialize_enum(
+                        name,
+                        variants,
+                        TeeVisitor {
+                            visitor,
+                            canon,
+                            role,
+                        },
+                    )
+                })
             }
-        };
-        canon.noted(result)
+        }
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
         let Tee { de, canon, role } = self;
-        let result = match role {
+        match role {
             // serde_json skips the value and reports a unit; it is parsed here instead, so that
             // what `T` ignores is fingerprinted too.
-            Role::Value => match de.deserialize_any(Write(&mut *canon)) {
+            Role::Value => canon.hand_off(|canon| match de.deserialize_any(Write(canon)) {
                 Ok(()) => visitor.visit_unit(),
                 Err(e) => Err(e),
-            },
-            Role::Key(_) => {
-                let visitor = TeeVisitor {
+            }),
+            Role::Key(_) => canon.hand_off(|canon| {
+                de.deserialize_ignored_any(TeeVisitor {
                     visitor,
-                    canon: &mut *canon,
+                    canon,
                     role,
-                };
-                de.deserialize_ignored_any(visitor)
-            }
-        };
-        canon.noted(result)
+                })
+            }),
+        }
     }
 
     fn is_human_readable(&self) -> bool {
@@ -466,12 +476,14 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for TeeSeq<'_, A> {
         seed: S,
     ) -> Result<Option<S::Value>, A::Error> {
         let before = self.canon.element(self.first);
-        let element = self.seq.next_element_seed(TeeSeed {
-            seed,
-            canon: &mut *self.canon,
-            role: Role::Value,
-        });
-        let element = self.canon.noted(element)?;
+        let seq = &mut self.seq;
+        let element = self.canon.hand_off(|canon| {
+            seq.next_element_seed(TeeSeed {
+                seed,
+                canon,
+                role: Role::Value,
+            })
+        })?;
         match element {
             Some(_) => self.first = false,
             None => self.canon.out.truncate(before),
@@ -501,12 +513,10 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for TeeMap<'_, A> {
         &mut self,
         seed: S,
     ) -> Result<Option<S::Value>, A::Error> {
-        let key = self.map.next_key_seed(TeeSeed {
-            seed,
-            canon: &mut *self.canon,
-            role: Role::Key(self.object),
-        });
-        let key = self.canon.noted(key)?;
+        let (map, role) = (&mut self.map, Role::Key(self.object));
+        let key = self
+            .canon
+            .hand_off(|canon| map.next_key_seed(TeeSeed { seed, canon, role }))?;
         if key.is_some() {
             self.key = self.canon.pending_key.take();
             if self.key.is_none() {
@@ -517,12 +527,14 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for TeeMap<'_, A> {
     }
 
     fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
-        let value = self.map.next_value_seed(TeeSeed {
-            seed,
-            canon: &mut *self.canon,
-            role: Role::Value,
-        });
-        let value = self.canon.noted(value)?;
+        let map = &mut self.map;
+        let value = self.canon.hand_off(|canon| {
+            map.next_value_seed(TeeSeed {
+                seed,
+                canon,
+                role: Role::Value,
+            })
+        })?;
         if let Some(key) = self.key.take() {
             self.canon.member_end(key);
         }
@@ -742,12 +754,14 @@ impl<'de, 'm, 'c, A: MapAccess<'de>> EnumAccess<'de> for ObjectForm<'m, 'c, A> {
         seed: S,
     ) -> Result<(S::Value, Self::Variant), A::Error> {
         let ObjectForm { map, canon, object } = self;
-        let name = map.next_key_seed(VariantName {
-            seed,
-            canon: &mut *canon,
-            object,
+        let name = canon.hand_off(|canon| {
+            map.next_key_seed(VariantName {
+                seed,
+                canon,
+                object,
+            })
         });
-        let Some(variant) = canon.noted(name)? else {
+        let Some(variant) = name? else {
             return canon.noted(Err(de::Error::invalid_length(
                 0,
                 &"an enum object of one member",
@@ -816,12 +830,14 @@ struct ObjectVariant<'m, 'c, A> {
 
 impl<'de, A: MapAccess<'de>> ObjectVariant<'_, '_, A> {
     fn value<S: DeserializeSeed<'de>>(self, seed: S) -> Result<S::Value, A::Error> {
-        let value = self.map.next_value_seed(TeeSeed {
-            seed,
-            canon: &mut *self.canon,
-            role: Role::Value,
-        });
-        let value = self.canon.noted(value)?;
+        let map = self.map;
+        let value = self.canon.hand_off(|canon| {
+            map.next_value_seed(TeeSeed {
+                seed,
+                canon,
+                role: Role::Value,
+            })
+        })?;
         self.canon.member_end(self.key);
         Ok(value)
     }
@@ -1262,6 +1278,70 @@ mod tests {
         assert_eq!(check::<Lenient<Currency>>(r#"{"a":null,"b":1}"#), Refused);
         assert_eq!(check::<Lenient<Currency>>(r#"{"a":5,"b":1}"#), Refused);
         assert_eq!(check::<Lenient<Currency>>(r#"{"a":"KRW","b":1}"#), Sure);
+    }
+
+    #[test]
+    fn a_panic_caught_inside_deserialize_leaves_the_body_to_the_extractor() {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        /// Panics on 1.
+        struct NotOne(u64);
+        impl<'de> Deserialize<'de> for NotOne {
+            fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+                match u64::deserialize(de)? {
+                    1 => panic!("a panic caught by the type that raised it (test)"),
+                    n => Ok(NotOne(n)),
+                }
+            }
+        }
+        /// Catches the panics of its elements' and values' `Deserialize`, keeping a `None`.
+        #[derive(Debug, PartialEq)]
+        struct Catching(Vec<(Option<String>, Option<u64>)>);
+        impl<'de> Deserialize<'de> for Catching {
+            fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+                struct Catch;
+                impl<'de> Visitor<'de> for Catch {
+                    type Value = Catching;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("an array or an object of numbers")
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Catching, A::Error> {
+                        let mut out = Vec::new();
+                        loop {
+                            match catch_unwind(AssertUnwindSafe(|| seq.next_element::<NotOne>())) {
+                                Ok(Ok(Some(n))) => out.push((None, Some(n.0))),
+                                Ok(Ok(None)) => return Ok(Catching(out)),
+                                Ok(Err(e)) => return Err(e),
+                                Err(_) => out.push((None, None)),
+                            }
+                        }
+                    }
+                    fn visit_map<A: MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<Catching, A::Error> {
+                        let mut out = Vec::new();
+                        while let Some(key) = map.next_key::<String>()? {
+                            match catch_unwind(AssertUnwindSafe(|| map.next_value::<NotOne>())) {
+                                Ok(Ok(n)) => out.push((Some(key), Some(n.0))),
+                                Ok(Err(e)) => return Err(e),
+                                Err(_) => out.push((Some(key), None)),
+                            }
+                        }
+                        Ok(Catching(out))
+                    }
+                }
+                de.deserialize_any(Catch)
+            }
+        }
+        // The panic unwound past the comma's bookkeeping: `[1,2]` would have been written `[2]`,
+        // and `{"b":1,"a":2}` as `{"b":1"a":2}`, each member unlisted.
+        assert_eq!(check::<Catching>("[1,2]"), Declined);
+        assert_eq!(check::<Catching>(r#"{"b":1,"a":2}"#), Declined);
+        assert_eq!(check::<Catching>("[12]"), Sure);
+        assert_eq!(check::<Catching>(r#"{"b":3,"a":2}"#), Sure);
     }
 
     #[test]
