@@ -253,13 +253,14 @@ async fn axums_answer(request: axum::http::Request<axum::body::Body>) -> Reply {
     send(plain, request).await
 }
 
-/// A JSON POST to `/refunds` with `content_type` (none if `None`).
-fn refund_as(
+/// alice's POST of `body` to `path` under `key`, with `content_type` (none if `None`).
+fn post_as(
+    path: &str,
     content_type: Option<&str>,
     key: &str,
     body: &str,
 ) -> axum::http::Request<axum::body::Body> {
-    let mut request = json_post("/refunds", "alice", &[key], body);
+    let mut request = json_post(path, "alice", &[key], body);
     let headers = request.headers_mut();
     headers.remove(axum::http::header::CONTENT_TYPE);
     if let Some(content_type) = content_type {
@@ -287,8 +288,8 @@ async fn a_json_handlers_rejections_are_axums_own_and_do_not_burn_the_key() {
         (Some("application/jsonx"), PAY_1000),
         (None, PAY_1000),
     ] {
-        let ours = h.send(refund_as(content_type, "k1", body)).await;
-        let axums = axums_answer(refund_as(content_type, "k1", body)).await;
+        let ours = h.send(post_as("/refunds", content_type, "k1", body)).await;
+        let axums = axums_answer(post_as("/refunds", content_type, "k1", body)).await;
         assert!(axums.status.is_client_error(), "{content_type:?} {body}");
         assert_eq!(
             (ours.status, ours.header("content-type"), &ours.body),
@@ -320,8 +321,10 @@ async fn a_json_handlers_rejections_are_axums_own_and_do_not_burn_the_key() {
     .enumerate()
     {
         let key = format!("accept-{i}");
-        let ours = h.send(refund_as(Some(content_type), &key, PAY_1000)).await;
-        let axums = axums_answer(refund_as(Some(content_type), &key, PAY_1000)).await;
+        let ours = h
+            .send(post_as("/refunds", Some(content_type), &key, PAY_1000))
+            .await;
+        let axums = axums_answer(post_as("/refunds", Some(content_type), &key, PAY_1000)).await;
         if axums.status == 201 {
             assert_eq!(ours.status, 201, "{content_type}: {:?}", ours.body);
         } else {
@@ -345,11 +348,7 @@ async fn the_routers_body_limit_holds_for_a_json_handler_and_claims_nothing() {
     assert_eq!(h.probe.calls(), 0);
 
     // A media type `Json` refuses is refused as axum's `Json` refuses it, before any limit.
-    let mut text = json_post("/limited", "alice", &["k1"], over);
-    text.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("text/plain"),
-    );
+    let text = post_as("/limited", Some("text/plain"), "k1", over);
     assert_eq!(h.send(text).await.status, 415);
     assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
 

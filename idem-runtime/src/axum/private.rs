@@ -128,8 +128,9 @@ where
 }
 
 /// Wraps a last parameter written `Json<T>`: what [`WithBody`] does, but `T` is deserialized in
-/// the parse that fingerprints the body instead of in a second one. The body is read under the
-/// router's `DefaultBodyLimit` as well as `LIMIT`, as axum's `Json` would read it. Whenever that
+/// the parse that fingerprints the body instead of in a second one. A body of a JSON media type is
+/// read under the router's `DefaultBodyLimit` as well as `LIMIT`, as axum's `Json` would read it;
+/// any other is read as `WithBody` reads it, for `J` to refuse. Whenever that
 /// parse cannot stand in for axum's exactly (a media type `Json` refuses, a body `T` does not
 /// deserialize from, a form of value the one parse does not reproduce), `J` extracts itself from
 /// the same bytes, so every rejection is axum's own.

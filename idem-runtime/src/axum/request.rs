@@ -18,8 +18,9 @@ use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-/// The body, whole, or a 413 / 400 problem. A body already limited by axum's `DefaultBodyLimit`
-/// (see [`WithJson`](super::private::WithJson)) answers 413 over either limit.
+/// The body, whole, or a 413 / 400 problem. A body already limited further out (by a middleware,
+/// or by axum's `DefaultBodyLimit`, under which [`WithJson`](super::private::WithJson) reads)
+/// answers 413 over either limit.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
     match collect(Limited::new(body, limit)).await {
         Ok(bytes) => Ok(bytes),
@@ -31,7 +32,7 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Respons
             )
             .into_response())
         }
-        // The router's own limit, inside idem's: its error arrives wrapped by axum's body.
+        // A limit further out, inside idem's: its error arrives wrapped by the body around it.
         Err(error)
             if std::iter::successors(
                 Some(&*error as &(dyn std::error::Error + 'static)),
@@ -39,7 +40,7 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Respons
             )
             .any(|e| e.is::<LengthLimitError>()) =>
         {
-            tracing::debug!(target: "idem", "request body over the router's DefaultBodyLimit");
+            tracing::debug!(target: "idem", "request body over a limit further out");
             Err(Problem::new(
                 ProblemType::BodyTooLarge,
                 "The request body is larger than this server accepts. The Idempotency-Key was not used.",
