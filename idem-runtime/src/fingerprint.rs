@@ -109,6 +109,10 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// `application/json`, `application/problem+json`, `text/json; charset=utf-8`, ...
 fn is_json(content_type: &str) -> bool {
+    // What nearly every client sends, accepted without splitting it.
+    if content_type == "application/json" {
+        return true;
+    }
     let essence = content_type.split(';').next().unwrap_or("").trim();
     let Some((_, subtype)) = essence.split_once('/') else {
         return false;
