@@ -175,7 +175,7 @@ fn engine(c: &mut Criterion) {
 /// `Waiters::notify`, which every completion and release calls, nearly always with nobody waiting
 /// on its key. With no key waited on at all it fences, reads a count and takes no lock; with another
 /// key waited on it also takes the registry's lock, hashes the key and looks it up (as every notify
-/// did before the count; BENCHMARKS.md compares the two).
+/// did before the count; docs/benchmarks-history.md compares the two).
 ///
 /// The two-thread cases notify from both cores at once, each between two stretches of other work
 /// (`WORK`, standing in for the rest of a request), so that each notify finds the registry's lines

@@ -67,7 +67,7 @@ pub struct MemoryStore {
 /// How many independently locked parts the records are split into. One lock over all records makes
 /// every claim and completion of a many-core service wait for every other; split, operations on
 /// different keys rarely meet (on the two-core bench machine the difference is within noise, see
-/// BENCHMARKS.md). Fewer under loom, whose models explore every lock.
+/// docs/benchmarks-history.md). Fewer under loom, whose models explore every lock.
 #[cfg(not(loom))]
 const SHARDS: usize = 16;
 #[cfg(loom)]
