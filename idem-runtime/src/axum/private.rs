@@ -102,11 +102,19 @@ where
 {
     type Rejection = Response;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    // Not an `async fn`, here and below: that would keep the request twice in the future (as the
+    // argument and as a local), and this future is part of the one axum boxes each request in.
+    #[allow(clippy::manual_async_fn)]
+    fn from_request(
+        req: Request,
+        state: &S,
+    ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
         let (parts, body) = req.into_parts();
-        let bytes = super::request::read_body(body, LIMIT).await?;
-        let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
-        Ok(Self(inner, ctx))
+        async move {
+            let bytes = super::request::read_body(body, LIMIT).await?;
+            let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
+            Ok(Self(inner, ctx))
+        }
     }
 }
 
@@ -117,13 +125,19 @@ where
 {
     type Rejection = Response;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    #[allow(clippy::manual_async_fn)]
+    fn from_request(
+        req: Request,
+        state: &S,
+    ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
         let (mut parts, body) = req.into_parts();
-        let bytes = super::request::read_body(body, LIMIT).await?;
-        let inner = T::from_request_parts(&mut parts, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        Ok(Self(inner, super::request::context(&parts, &bytes)))
+        async move {
+            let bytes = super::request::read_body(body, LIMIT).await?;
+            let inner = T::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
+            Ok(Self(inner, super::request::context(&parts, &bytes)))
+        }
     }
 }
 
@@ -170,21 +184,31 @@ where
 {
     type Rejection = Response;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    #[allow(clippy::manual_async_fn)]
+    fn from_request(
+        req: Request,
+        state: &S,
+    ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
         use ::axum::RequestExt;
         // A media type `Json` refuses is read as `WithBody` reads it, so that `Json` answers it
         // (415) before any limit of its own applies, as it would alone.
         let json = super::request::json_media_type(req.headers());
         let req = if json { req.with_limited_body() } else { req };
         let (parts, body) = req.into_parts();
-        let bytes = super::request::read_body(body, LIMIT).await?;
-        if json {
-            if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes) {
-                return Ok(Self(J::from_value(value), ctx));
+        async move {
+            let bytes = super::request::read_body(body, LIMIT).await?;
+            if json {
+                if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes)
+                {
+                    return Ok(Self(J::from_value(value), ctx));
+                }
             }
+            // Boxed: `J`'s own extraction runs only when the one parse stands aside (another media
+            // type, a body `J` refuses, a form of value it does not reproduce), and its future
+            // inline would triple the size of every request's.
+            let (inner, ctx) = Box::pin(super::request::extract_from(parts, bytes, state)).await?;
+            Ok(Self(inner, ctx))
         }
-        let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
-        Ok(Self(inner, ctx))
     }
 }
 

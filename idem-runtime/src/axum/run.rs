@@ -122,6 +122,8 @@ where
             return Either::Left(Either::Right(std::future::ready(response)))
         }
     };
+    // Step 3 is written out here rather than in a function of its own: `claim` is then a local of
+    // this future, not a capture of a second one kept beside the completion's (which holds it too).
     Either::Right(async move {
         let claim = match engine.begin(key, fingerprint, &policy).await {
             Ok(Begin::Execute(claim)) => claim,
@@ -130,7 +132,25 @@ where
             }
             Err(rejection) => return problem_for(rejection).into_response(),
         };
-        execute(claim, &policy, handler).await
+        // A panic or a cancellation from here on drops `claim`, whose guard releases the key.
+        let capturing = {
+            // Scoped so that this response's storage ends before the next await.
+            let response = handler.await.into_response();
+            if response.status().is_server_error() {
+                // Boxed: a server error is the rare path, and its future would enlarge every
+                // request's.
+                return Box::pin(release_after_server_error(claim, &policy, response)).await;
+            }
+            respond::capture(response, &policy)
+        };
+        let (stored, mut response) = capturing.await;
+        let expires_at = claim.expires_at();
+        // A failed completion is logged and counted by the engine; the client still gets the fresh
+        // response, only without a promise that the key is remembered.
+        if claim.complete(&stored).await.is_ok() {
+            respond::set_expires(response.headers_mut(), expires_at);
+        }
+        response
     })
 }
 
@@ -326,40 +346,6 @@ fn missing_key(
                 "This endpoint requires an Idempotency-Key header: send a unique key (for example a UUID) and reuse it when retrying the same request.",
             ))
         }
-    }
-}
-
-// Not an `async fn`: that would keep `claim` twice in the future (see `Engine::begin_with`).
-#[allow(clippy::manual_async_fn)]
-fn execute<'a, F, R>(
-    claim: ClaimGuard,
-    policy: &'a Policy,
-    handler: F,
-) -> impl Future<Output = Response> + 'a
-where
-    F: Future<Output = R> + 'a,
-    R: IntoResponse,
-{
-    async move {
-        // A panic or a cancellation here drops `claim`, whose guard releases the key.
-        let capturing = {
-            // Scoped so that this response's storage ends before the next await.
-            let response = handler.await.into_response();
-            if response.status().is_server_error() {
-                // Boxed: a server error is the rare path, and its future would enlarge every
-                // request's.
-                return Box::pin(release_after_server_error(claim, policy, response)).await;
-            }
-            respond::capture(response, policy)
-        };
-        let (stored, mut response) = capturing.await;
-        let expires_at = claim.expires_at();
-        // A failed completion is logged and counted by the engine; the client still gets the fresh
-        // response, only without a promise that the key is remembered.
-        if claim.complete(&stored).await.is_ok() {
-            respond::set_expires(response.headers_mut(), expires_at);
-        }
-        response
     }
 }
 
