@@ -59,6 +59,11 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
+/// Aligned so that the `Arc`'s reference counts have a cache line to themselves: every request
+/// clones the engine out of the router state and drops it, on whichever core it runs, and those
+/// writes would otherwise evict the store and clock pointers every request reads from the other
+/// cores' caches. The counters keep lines of their own too (see [`Metrics`]).
+#[repr(align(128))]
 struct Inner {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
@@ -292,7 +297,20 @@ impl Engine {
         fingerprint: Fingerprint,
         policy: &'a Policy,
     ) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
-        self.begin_with(key, fingerprint, policy, Timers::Tokio)
+        begin_with(self, key, fingerprint, policy, Timers::Tokio)
+    }
+
+    /// [`begin`](Self::begin) on an engine the caller gives away: the claim takes it over instead of
+    /// a clone (the HTTP layer's request owns the engine it took from the router state, and needs it
+    /// no longer once the decision is made).
+    #[cfg(feature = "axum")]
+    pub(crate) fn begin_owned(
+        self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> impl Future<Output = Result<Begin, Rejection>> + '_ {
+        begin_with(self, key, fingerprint, policy, Timers::Tokio)
     }
 
     /// [`begin`](Self::begin) with time standing still: a duplicate waits until the store wakes it,
@@ -309,84 +327,116 @@ impl Engine {
         policy: &Policy,
     ) -> Result<Begin, Rejection> {
         let frozen = Timers::Frozen(tokio::time::Instant::from_std(std::time::Instant::now()));
-        self.begin_with(key, fingerprint, policy, frozen).await
+        begin_with(self, key, fingerprint, policy, frozen).await
+    }
+}
+
+/// The engine a decision is made on: borrowed ([`Engine::begin`]; the claim gets a clone) or owned
+/// ([`Engine::begin_owned`]; the claim gets it).
+trait EngineHandle {
+    fn engine(&self) -> &Engine;
+    fn into_engine(self) -> Engine;
+}
+
+impl EngineHandle for &Engine {
+    fn engine(&self) -> &Engine {
+        self
     }
 
-    /// A plain function around an `async move` block, not an `async fn`: an `async fn` keeps its
-    /// arguments twice in its future (as arguments and as locals), and this future is part of every
-    /// request's.
-    #[allow(clippy::manual_async_fn)]
-    fn begin_with<'a>(
-        &'a self,
-        key: RecordKey,
-        fingerprint: Fingerprint,
-        policy: &'a Policy,
-        timers: Timers,
-    ) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
-        async move {
-            let deadline = timers.now() + policy.wait;
-            let mut wait = DuplicateWait::default();
-            loop {
-                let now = self.inner.clock.now();
-                let claim = Claim::fresh(&key, fingerprint, now, policy);
-                let found = match self.call(self.store_ref().claim(&claim)).await {
-                    Ok(ClaimOutcome::Claimed { taken_over }) => {
-                        self.record(Outcome::of_claim(taken_over), &key, policy);
-                        return Ok(Begin::Execute(ClaimGuard {
-                            engine: self.clone(),
-                            expires_at: claim.expires_at,
-                            token: claim.token,
-                            key,
-                            taken_over,
-                            armed: true,
-                            handler: policy.handler,
-                        }));
+    fn into_engine(self) -> Engine {
+        self.clone()
+    }
+}
+
+impl EngineHandle for Engine {
+    fn engine(&self) -> &Engine {
+        self
+    }
+
+    fn into_engine(self) -> Engine {
+        self
+    }
+}
+
+/// [`Engine::begin`] on `handle`'s engine. A plain function around an `async move` block, not an
+/// `async fn`: an `async fn` keeps its arguments twice in its future (as arguments and as locals),
+/// and this future is part of every request's.
+///
+/// The duplicate's wait bound (`policy.wait`) starts when the key is first found in flight, so a
+/// request that claims or replays never reads tokio's clock.
+#[allow(clippy::manual_async_fn)]
+fn begin_with<'a, H: EngineHandle + 'a>(
+    handle: H,
+    key: RecordKey,
+    fingerprint: Fingerprint,
+    policy: &'a Policy,
+    timers: Timers,
+) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
+    async move {
+        let mut deadline = None;
+        let mut wait = DuplicateWait::default();
+        loop {
+            let engine = handle.engine();
+            let now = engine.inner.clock.now();
+            let claim = Claim::fresh(&key, fingerprint, now, policy);
+            let found = match engine.call(engine.store_ref().claim(&claim)).await {
+                Ok(ClaimOutcome::Claimed { taken_over }) => {
+                    engine.record(Outcome::of_claim(taken_over), &key, policy);
+                    return Ok(Begin::Execute(ClaimGuard {
+                        engine: handle.into_engine(),
+                        expires_at: claim.expires_at,
+                        token: claim.token,
+                        key,
+                        taken_over,
+                        armed: true,
+                        handler: policy.handler,
+                    }));
+                }
+                Ok(ClaimOutcome::Existing(record)) => record,
+                Err(e) => return Err(engine.unavailable(e, &key, policy)),
+            };
+            match classify(found, fingerprint, now) {
+                Found::Expired { expires_at } => {
+                    engine.record(Outcome::Expired, &key, policy);
+                    return Err(Rejection::Expired {
+                        expired_at: expires_at,
+                    });
+                }
+                Found::Mismatch { expires_at } => {
+                    engine.record(Outcome::Mismatch, &key, policy);
+                    return Err(Rejection::Mismatch { expires_at });
+                }
+                Found::Completed {
+                    response,
+                    expires_at,
+                } => {
+                    if wait.waited() {
+                        engine.record(Outcome::Waited, &key, policy);
                     }
-                    Ok(ClaimOutcome::Existing(record)) => record,
-                    Err(e) => return Err(self.unavailable(e, &key, policy)),
-                };
-                match classify(found, fingerprint, now) {
-                    Found::Expired { expires_at } => {
-                        self.record(Outcome::Expired, &key, policy);
-                        return Err(Rejection::Expired {
-                            expired_at: expires_at,
-                        });
-                    }
-                    Found::Mismatch { expires_at } => {
-                        self.record(Outcome::Mismatch, &key, policy);
-                        return Err(Rejection::Mismatch { expires_at });
-                    }
-                    Found::Completed {
+                    engine.record(Outcome::Replayed, &key, policy);
+                    return Ok(Begin::Replay(Replay {
                         response,
                         expires_at,
-                    } => {
-                        if wait.waited() {
-                            self.record(Outcome::Waited, &key, policy);
-                        }
-                        self.record(Outcome::Replayed, &key, policy);
-                        return Ok(Begin::Replay(Replay {
-                            response,
-                            expires_at,
-                        }));
+                    }));
+                }
+                Found::InFlight { lease_until } => {
+                    let lease_left = now.until(lease_until);
+                    let at = timers.now();
+                    let deadline = *deadline.get_or_insert(at + policy.wait);
+                    if at >= deadline {
+                        engine.record(Outcome::Conflict, &key, policy);
+                        return Err(Rejection::InFlight {
+                            retry_after: IN_FLIGHT_RETRY_AFTER,
+                        });
                     }
-                    Found::InFlight { lease_until } => {
-                        let lease_left = now.until(lease_until);
-                        let at_bound = timers.now() >= deadline;
-                        if at_bound {
-                            self.record(Outcome::Conflict, &key, policy);
-                            return Err(Rejection::InFlight {
-                                retry_after: IN_FLIGHT_RETRY_AFTER,
-                            });
-                        }
-                        // Wake on completion or release, when the lease runs out (takeover), or at
-                        // the deadline; never on a polling tick.
-                        let wake = deadline.min(timers.now() + lease_left);
-                        let store = self.store_ref();
-                        // Boxed: waiting is the rare path, and its timers and subscription inline would
-                        // make every request's future (and the allocation axum boxes it in) larger.
-                        if let Err(e) = Box::pin(wait.step(self, store, &key, wake, timers)).await {
-                            return Err(self.unavailable(e, &key, policy));
-                        }
+                    // Wake on completion or release, when the lease runs out (takeover), or at
+                    // the deadline; never on a polling tick.
+                    let wake = deadline.min(at + lease_left);
+                    let store = engine.store_ref();
+                    // Boxed: waiting is the rare path, and its timers and subscription inline would
+                    // make every request's future (and the allocation axum boxes it in) larger.
+                    if let Err(e) = Box::pin(wait.step(engine, store, &key, wake, timers)).await {
+                        return Err(engine.unavailable(e, &key, policy));
                     }
                 }
             }

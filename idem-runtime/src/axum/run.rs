@@ -125,7 +125,7 @@ where
     // Step 3 is written out here rather than in a function of its own: `claim` is then a local of
     // this future, not a capture of a second one kept beside the completion's (which holds it too).
     Either::Right(async move {
-        let claim = match engine.begin(key, fingerprint, &policy).await {
+        let claim = match engine.begin_owned(key, fingerprint, &policy).await {
             Ok(Begin::Execute(claim)) => claim,
             Ok(Begin::Replay(replay)) => {
                 return respond::replay(replay.response, replay.expires_at)
