@@ -56,7 +56,8 @@ pub struct Policy {
     /// How long a claim is held without completion before another request may take it over (the
     /// original worker is presumed dead).
     pub lease: Duration,
-    /// How long a duplicate waits for the in-flight original before answering 409.
+    /// How long a duplicate waits for the in-flight original before answering 409, counted from
+    /// when it first finds the original in flight.
     pub wait: Duration,
     /// What to do without a key.
     pub missing_key: MissingKey,
