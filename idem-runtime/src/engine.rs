@@ -241,8 +241,9 @@ impl Engine {
     }
 
     /// Runs one store call under the engine's store timeout. The timer is armed only once the call
-    /// has to wait: a call that is ready when first polled (the memory store, always) never touches
-    /// tokio's timer wheel. It is boxed when armed: only a store that answers later arms it (a
+    /// has to wait: a call that is ready when first polled never touches tokio's timer wheel (and a
+    /// store that answers on the spot, as the memory store does through
+    /// [`Store::claim_now`], is not called through here at all: it has nothing to wait for). It is boxed when armed: only a store that answers later arms it (a
     /// network round trip, beside which one allocation is nothing), and inline its 112 bytes would
     /// be part of every request's future, the memory store's too.
     ///
@@ -379,7 +380,12 @@ fn begin_with<'a, H: EngineHandle + 'a>(
             let engine = handle.engine();
             let now = engine.inner.clock.now();
             let claim = Claim::fresh(&key, fingerprint, now, policy);
-            let found = match engine.call(engine.store_ref().claim(&claim)).await {
+            let store = engine.store_ref();
+            let answer = match store.claim_now(&claim) {
+                Some(answer) => answer,
+                None => engine.call(store.claim(&claim)).await,
+            };
+            let found = match answer {
                 Ok(ClaimOutcome::Claimed { taken_over }) => {
                     engine.record(Outcome::of_claim(taken_over), &key, policy);
                     return Ok(Begin::Execute(ClaimGuard {
@@ -432,7 +438,6 @@ fn begin_with<'a, H: EngineHandle + 'a>(
                     // Wake on completion or release, when the lease runs out (takeover), or at
                     // the deadline; never on a polling tick.
                     let wake = deadline.min(at + lease_left);
-                    let store = engine.store_ref();
                     // Boxed: waiting is the rare path, and its timers and subscription inline would
                     // make every request's future (and the allocation axum boxes it in) larger.
                     if let Err(e) = Box::pin(wait.step(engine, store, &key, wake, timers)).await {
@@ -525,10 +530,14 @@ impl ClaimGuard {
         self.armed = false;
         async move {
             let store = self.engine.store_ref();
-            let result = self
-                .engine
-                .call(store.complete(&self.key, self.token, response))
-                .await;
+            let result = match store.complete_now(&self.key, self.token, response) {
+                Some(result) => result,
+                None => {
+                    self.engine
+                        .call(store.complete(&self.key, self.token, response))
+                        .await
+                }
+            };
             self.completed(result)
         }
     }
@@ -608,6 +617,63 @@ mod tests {
         while store.waiting_keys() == 0 {
             tokio::task::yield_now().await;
         }
+    }
+
+    /// A store that answers claims and completions only on the spot: its `claim` and `complete`
+    /// fail, so a request that succeeds went through `claim_now` and `complete_now`.
+    struct OnTheSpot(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl Store for OnTheSpot {
+        async fn claim(&self, _: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+            Err(StoreError::unavailable("claim called"))
+        }
+        fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
+            self.0.claim_now(claim)
+        }
+        async fn complete(
+            &self,
+            _: &RecordKey,
+            _: FencingToken,
+            _: &StoredResponse,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("complete called"))
+        }
+        fn complete_now(
+            &self,
+            key: &RecordKey,
+            token: FencingToken,
+            response: &StoredResponse,
+        ) -> Option<Result<(), StoreError>> {
+            self.0.complete_now(key, token, response)
+        }
+        async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+            self.0.release(key, token).await
+        }
+        async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+            self.0.get(key, now).await
+        }
+        fn subscribe(&self, key: &RecordKey) -> crate::store::Subscription {
+            self.0.subscribe(key)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_answers_on_the_spot_is_called_on_the_spot() {
+        let engine = Engine::new(OnTheSpot(MemoryStore::new()));
+        let policy = Policy::new();
+        let key = RecordKey::new("s", "k");
+        let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp(), &policy).await else {
+            panic!("the first request executes")
+        };
+        guard
+            .complete(&response())
+            .await
+            .expect("completed on the spot");
+        let Ok(Begin::Replay(replay)) = engine.begin(key, fp(), &policy).await else {
+            panic!("the retry replays")
+        };
+        assert_eq!(replay.response.body, response().body);
     }
 
     #[tokio::test(start_paused = true)]

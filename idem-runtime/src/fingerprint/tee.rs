@@ -312,7 +312,9 @@ impl<'c, V> TeeVisitor<'c, V> {
     /// A string: a value, or the key of the next member.
     fn string(&mut self, value: Cow<'_, str>) {
         match self.role {
-            Role::Value => self.canon.scalar(&*value),
+            Role::Value => {
+                self.canon.string(&value);
+            }
             Role::Key(object) => {
                 self.canon.pending_key = Some(self.canon.member_key(object, value))
             }

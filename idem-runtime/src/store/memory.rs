@@ -433,9 +433,9 @@ fn lock(shard: &Shard) -> MutexGuard<'_, Inner> {
     shard.0.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-#[async_trait::async_trait]
-impl Store for MemoryStore {
-    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+impl MemoryStore {
+    /// [`Store::claim`]: one critical section, which never waits for anything but the shard's lock.
+    fn claim_here(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let hash = self.hash(claim.key);
         let fresh = Head::of(&Record::new_claim(claim));
         let mut guard = self.shard(hash);
@@ -488,7 +488,8 @@ impl Store for MemoryStore {
         Ok(ClaimOutcome::Claimed { taken_over })
     }
 
-    async fn complete(
+    /// [`Store::complete`], as [`claim_here`](Self::claim_here) is `claim`.
+    fn complete_here(
         &self,
         key: &RecordKey,
         token: FencingToken,
@@ -509,6 +510,38 @@ impl Store for MemoryStore {
         drop(replaced);
         self.waiters.notify(key);
         Ok(())
+    }
+}
+
+/// Every operation is a short critical section that waits for nothing else, so the engine's calls
+/// come through [`claim_now`](Store::claim_now) and [`complete_now`](Store::complete_now), not
+/// the boxed futures of `claim` and `complete`.
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.claim_here(claim)
+    }
+
+    fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
+        Some(self.claim_here(claim))
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.complete_here(key, token, response)
+    }
+
+    fn complete_now(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.complete_here(key, token, response))
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {

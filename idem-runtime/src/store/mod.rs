@@ -208,6 +208,32 @@ pub trait Store: Send + Sync + 'static {
         let _ = key;
         Ok(())
     }
+
+    /// [`claim`](Self::claim), answered on the spot by a store that never waits for anything: the
+    /// same step with the same result, or `None` to have the engine call `claim` instead (the
+    /// default). A store that implements it must make it do exactly what `claim` does.
+    ///
+    /// It exists for the in-memory store, whose claim is a critical section of a few hundred
+    /// nanoseconds: called through `claim`, each request would also pay for the boxed future the
+    /// trait's `async fn` returns, and for polling it. A store that does I/O keeps the default; a
+    /// store that wraps another may forward it, or keep the default to see every claim in `claim`.
+    fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
+        let _ = claim;
+        None
+    }
+
+    /// [`complete`](Self::complete), answered on the spot, as [`claim_now`](Self::claim_now) is
+    /// for `claim`: the same step with the same result, or `None` (the default) to have the engine
+    /// call `complete`.
+    fn complete_now(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (key, token, response);
+        None
+    }
 }
 
 /// Deleting records past retention, in batches.
@@ -243,6 +269,17 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         (**self).announce_waiter(key).await
+    }
+    fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
+        (**self).claim_now(claim)
+    }
+    fn complete_now(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).complete_now(key, token, response)
     }
 }
 
