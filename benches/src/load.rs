@@ -133,7 +133,8 @@ impl Keys {
 }
 
 /// HTTP load: `connections` keep-alive HTTP/1.1 connections (one per worker, hyper's client
-/// connection, no pool), each sending `POST path` with [`BODY`] back to back.
+/// connection, no pool), each sending `POST path` with [`BODY`] back to back. The connections are
+/// opened before the clock starts.
 pub(crate) async fn http(
     addr: SocketAddr,
     path: &'static str,
@@ -141,48 +142,110 @@ pub(crate) async fn http(
     connections: usize,
     bounds: Bounds,
 ) -> Sample {
-    let issued = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + bounds.time;
-    let mut tasks = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        let issued = issued.clone();
-        let keys = keys.clone();
-        tasks.push(tokio::spawn(async move {
-            let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
-            let Ok(mut sender) = connect(addr).await else {
-                return (0, 1, lat);
-            };
-            loop {
-                let n = issued.fetch_add(1, Ordering::Relaxed);
-                if n >= bounds.requests || Instant::now() >= deadline {
-                    break;
-                }
-                let request = post(path, &keys.key(n));
-                let t = Instant::now();
-                match send(&mut sender, request).await {
-                    Some(status) if status.is_success() => {
-                        ok += 1;
-                        lat.push(t.elapsed().as_nanos() as u64);
+    let mut load = Connections::open(addr, path, keys, connections).await;
+    load.run(bounds).await;
+    load.sample()
+}
+
+/// HTTP load whose connections stay open from one run to the next, each run adding to one sample:
+/// what lets the throughput section interleave the paths it compares in short slices (see
+/// `throughput::interleaved`), so that the machine's slow moments fall on every path alike. Keys
+/// continue from one run to the next: a fresh key is never sent twice.
+pub(crate) struct Connections {
+    addr: SocketAddr,
+    path: &'static str,
+    keys: Keys,
+    /// One per connection; `None` for one that could not be opened, or reopened after it failed.
+    senders: Vec<Option<Sender>>,
+    issued: Arc<AtomicU64>,
+    ok: u64,
+    errors: u64,
+    latencies: Vec<u64>,
+    elapsed: Duration,
+}
+
+impl Connections {
+    /// Opens `connections` connections to `addr` (a connection that fails to open counts as one
+    /// error, and sends nothing).
+    pub(crate) async fn open(
+        addr: SocketAddr,
+        path: &'static str,
+        keys: Keys,
+        connections: usize,
+    ) -> Self {
+        let mut senders = Vec::with_capacity(connections);
+        let mut errors = 0;
+        for _ in 0..connections {
+            let sender = connect(addr).await.ok();
+            errors += u64::from(sender.is_none());
+            senders.push(sender);
+        }
+        Connections {
+            addr,
+            path,
+            keys,
+            senders,
+            issued: Arc::new(AtomicU64::new(0)),
+            ok: 0,
+            errors,
+            latencies: Vec::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Sends requests on every connection, back to back, until `bounds.time` has passed or
+    /// `bounds.requests` requests have been issued since the connections opened.
+    pub(crate) async fn run(&mut self, bounds: Bounds) {
+        let start = Instant::now();
+        let deadline = start + bounds.time;
+        let mut tasks = Vec::with_capacity(self.senders.len());
+        for sender in self.senders.drain(..) {
+            let (addr, path, keys) = (self.addr, self.path, self.keys.clone());
+            let issued = self.issued.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
+                let Some(mut sender) = sender else {
+                    return (None, ok, errors, lat);
+                };
+                loop {
+                    let n = issued.fetch_add(1, Ordering::Relaxed);
+                    if n >= bounds.requests || Instant::now() >= deadline {
+                        break;
                     }
-                    Some(_) => errors += 1,
-                    None => {
-                        errors += 1;
-                        match connect(addr).await {
-                            Ok(s) => sender = s,
-                            Err(_) => break,
+                    let request = post(path, &keys.key(n));
+                    let t = Instant::now();
+                    match send(&mut sender, request).await {
+                        Some(status) if status.is_success() => {
+                            ok += 1;
+                            lat.push(t.elapsed().as_nanos() as u64);
+                        }
+                        Some(_) => errors += 1,
+                        None => {
+                            errors += 1;
+                            match connect(addr).await {
+                                Ok(s) => sender = s,
+                                Err(_) => return (None, ok, errors, lat),
+                            }
                         }
                     }
                 }
-            }
-            (ok, errors, lat)
-        }));
+                (Some(sender), ok, errors, lat)
+            }));
+        }
+        for task in tasks {
+            let (sender, ok, errors, lat) = task.await.expect("load worker panicked");
+            self.senders.push(sender);
+            self.ok += ok;
+            self.errors += errors;
+            self.latencies.extend(lat);
+        }
+        self.elapsed += start.elapsed();
     }
-    let mut parts = Vec::with_capacity(connections);
-    for t in tasks {
-        parts.push(t.await.expect("load worker panicked"));
+
+    /// Everything the runs so far measured, as one sample (their time added up).
+    pub(crate) fn sample(self) -> Sample {
+        Sample::merge(vec![(self.ok, self.errors, self.latencies)], self.elapsed)
     }
-    Sample::merge(parts, start.elapsed())
 }
 
 pub(crate) type Sender = http1::SendRequest<Full<Bytes>>;

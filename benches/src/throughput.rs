@@ -1,7 +1,10 @@
 //! Throughput and latency: the same handler plain and with `#[idempotent]` over HTTP, and the store
 //! operations through idem's engine beside the store's direct floor, at 1, 16 and 64 concurrent
 //! connections, for new keys and for replays. Cells are interleaved round by round so that noise from
-//! the shared machine falls on every column alike; each figure is the median over the rounds.
+//! the shared machine falls on every column alike; each figure is the median over the rounds. The
+//! cells the memory store's target compares (the plain handler, and the memory store's new keys,
+//! replays and new keys with records held) are interleaved within each round as well, in slices
+//! ([`interleaved`]): a round's ratio then compares paths that ran under the same conditions.
 //!
 //! The memory store's HTTP cells each run on a store made for the cell ([`memory_server`]): empty,
 //! or holding as many completed records as the scale section's large point; its engine and floor
@@ -13,7 +16,7 @@
 //! trip to them costs far more than their tables' growth.
 
 use crate::floors::{self, Floor};
-use crate::load::{self, Bounds, Keys, Sample};
+use crate::load::{self, Bounds, Connections, Keys, Sample};
 use crate::report::{self, dur, median, pct, pct1, rate, Config};
 use crate::scale;
 use crate::setup::{self, Backend, Handle, Served};
@@ -100,43 +103,62 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 round + 1,
                 cfg.rounds
             );
-            let plain_addr = targets[0].addr;
-            let s = load::http(
-                plain_addr,
-                "/plain",
-                Keys::Fresh(format!("plain-{run_id}").into()),
-                c,
-                bounds,
-            )
-            .await;
-            put(&mut cells, None, Path::Plain, c, s);
+            run_id += 1;
+            // The plain handler and the memory store's HTTP paths, interleaved in slices.
+            let memory = targets.iter().any(|t| t.backend == Backend::Memory);
+            let (own, held) = if memory {
+                (
+                    Some(memory_server(0).await),
+                    Some(memory_server(cfg.scale).await),
+                )
+            } else {
+                (None, None)
+            };
+            let fresh = |path: &str| Keys::Fresh(format!("{path}-{run_id}").into());
+            let plain = targets[0].addr;
+            let mut loads = vec![(
+                None,
+                Path::Plain,
+                Connections::open(plain, "/plain", fresh("plain"), c).await,
+            )];
+            if let (Some(own), Some(held)) = (&own, &held) {
+                let name = Some(Backend::Memory.name());
+                let (own, held) = (own.served.addr, held.served.addr);
+                let replays = Keys::Replay(replay_keys.clone());
+                loads.push((
+                    name,
+                    Path::HttpNew,
+                    Connections::open(own, "/idem", fresh("new"), c).await,
+                ));
+                loads.push((
+                    name,
+                    Path::HttpReplay,
+                    Connections::open(own, "/idem", replays, c).await,
+                ));
+                loads.push((
+                    name,
+                    Path::HttpNewHeld,
+                    Connections::open(held, "/idem", fresh("held"), c).await,
+                ));
+            }
+            interleaved(&mut loads, bounds).await;
+            for (name, path, load) in loads {
+                put(&mut cells, name, path, c, load.sample());
+            }
+            for server in own.into_iter().chain(held) {
+                server.retire().await;
+            }
             for t in &targets {
                 run_id += 1;
                 let name = Some(t.backend.name());
                 let memory = t.backend == Backend::Memory;
-                let own = if memory {
-                    Some(memory_server(0).await)
-                } else {
-                    None
-                };
-                let addr = own.as_ref().map_or(t.addr, |s| s.served.addr);
-                let new_keys = |addr| {
+                if !memory {
                     let keys = Keys::Fresh(format!("new-{run_id}").into());
-                    load::http(addr, "/idem", keys, c, bounds)
-                };
-                let s = new_keys(addr).await;
-                put(&mut cells, name, Path::HttpNew, c, s);
-                let s =
-                    load::http(addr, "/idem", Keys::Replay(replay_keys.clone()), c, bounds).await;
-                put(&mut cells, name, Path::HttpReplay, c, s);
-                if let Some(own) = own {
-                    own.retire().await;
-                }
-                if memory {
-                    let held = memory_server(cfg.scale).await;
-                    let s = new_keys(held.served.addr).await;
-                    put(&mut cells, name, Path::HttpNewHeld, c, s);
-                    held.retire().await;
+                    let s = load::http(t.addr, "/idem", keys, c, bounds).await;
+                    put(&mut cells, name, Path::HttpNew, c, s);
+                    let replays = Keys::Replay(replay_keys.clone());
+                    let s = load::http(t.addr, "/idem", replays, c, bounds).await;
+                    put(&mut cells, name, Path::HttpReplay, c, s);
                 }
 
                 if http_only() {
@@ -193,6 +215,29 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
         }
     }
     print(&targets, &cells, cfg.scale);
+}
+
+/// How many slices [`interleaved`] cuts each path's cell into: at the default 1 s per cell, 100 ms
+/// each, long enough for thousands of requests at one connection.
+const SLICES: u32 = 10;
+
+/// Runs every load for `bounds.time` in all, in [`SLICES`] turns: each turn runs each load for a
+/// slice of that time, one after the other, starting one load further on at each turn. A cell is
+/// then the sum of its slices, spread over the whole round, instead of one stretch of it: a slow
+/// second of the shared machine (another tenant, a stolen core) lands on every path in the
+/// comparison, not on the one cell that happened to run then. The connections stay open between
+/// slices (opened before the first), so no slice pays for a handshake.
+async fn interleaved(loads: &mut [(Option<&'static str>, Path, Connections)], bounds: Bounds) {
+    let slice = Bounds {
+        time: bounds.time / SLICES,
+        requests: bounds.requests,
+    };
+    for turn in 0..SLICES as usize {
+        for i in 0..loads.len() {
+            let (_, _, load) = &mut loads[(i + turn) % loads.len()];
+            load.run(slice).await;
+        }
+    }
 }
 
 /// Whether a floor's new request completes only its own claim ([`Floor::new_request`]) or
