@@ -7,6 +7,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,37 +82,115 @@ where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = bool> + Send,
 {
-    let op = Arc::new(op);
-    let issued = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + bounds.time;
-    let mut tasks = Vec::with_capacity(workers);
-    for w in 0..workers {
-        let op = op.clone();
-        let issued = issued.clone();
-        tasks.push(tokio::spawn(async move {
-            let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
-            loop {
-                let n = issued.fetch_add(1, Ordering::Relaxed);
-                if n >= bounds.requests || Instant::now() >= deadline {
-                    break;
-                }
-                let t = Instant::now();
-                if op(w, n).await {
-                    ok += 1;
-                    lat.push(t.elapsed().as_nanos() as u64);
-                } else {
-                    errors += 1;
-                }
-            }
-            (ok, errors, lat)
-        }));
+    let mut ops = Ops::new(workers, op);
+    ops.run(bounds).await;
+    ops.sample()
+}
+
+/// Store operations from `workers` concurrent tasks, in one or more runs that add to one sample:
+/// [`drive`] is one run; the throughput section interleaves several (see [`Sliced`]). `n` counts
+/// on from one run to the next, so an operation on a fresh key never sees a key twice.
+pub(crate) struct Ops<F> {
+    workers: usize,
+    op: Arc<F>,
+    issued: Arc<AtomicU64>,
+    ok: u64,
+    errors: u64,
+    latencies: Vec<u64>,
+    elapsed: Duration,
+}
+
+impl<F, Fut> Ops<F>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    pub(crate) fn new(workers: usize, op: F) -> Self {
+        Ops {
+            workers,
+            op: Arc::new(op),
+            issued: Arc::new(AtomicU64::new(0)),
+            ok: 0,
+            errors: 0,
+            latencies: Vec::new(),
+            elapsed: Duration::ZERO,
+        }
     }
-    let mut parts = Vec::with_capacity(workers);
-    for t in tasks {
-        parts.push(t.await.expect("load worker panicked"));
+
+    /// Runs the operations until `bounds.time` has passed or `bounds.requests` have been issued
+    /// since the first run.
+    pub(crate) async fn run(&mut self, bounds: Bounds) {
+        let start = Instant::now();
+        let deadline = start + bounds.time;
+        let mut tasks = Vec::with_capacity(self.workers);
+        for w in 0..self.workers {
+            let op = self.op.clone();
+            let issued = self.issued.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
+                loop {
+                    let n = issued.fetch_add(1, Ordering::Relaxed);
+                    if n >= bounds.requests || Instant::now() >= deadline {
+                        break;
+                    }
+                    let t = Instant::now();
+                    if op(w, n).await {
+                        ok += 1;
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (ok, errors, lat)
+            }));
+        }
+        for task in tasks {
+            let (ok, errors, lat) = task.await.expect("load worker panicked");
+            self.ok += ok;
+            self.errors += errors;
+            self.latencies.extend(lat);
+        }
+        self.elapsed += start.elapsed();
     }
-    Sample::merge(parts, start.elapsed())
+
+    /// Everything the runs so far measured, as one sample (their time added up).
+    pub(crate) fn sample(self) -> Sample {
+        Sample::merge(vec![(self.ok, self.errors, self.latencies)], self.elapsed)
+    }
+}
+
+/// A load that runs in slices, each adding to one sample: HTTP [`Connections`] or store [`Ops`],
+/// behind one type so the throughput section can interleave the paths it compares. Boxed per slice,
+/// never per request: each request still runs its own path's code, unboxed.
+pub(crate) trait Sliced: Send {
+    /// Runs the load once more, within `bounds`.
+    fn run_slice(&mut self, bounds: Bounds) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Everything the slices measured.
+    fn into_sample(self: Box<Self>) -> Sample;
+}
+
+impl<F, Fut> Sliced for Ops<F>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send + 'static,
+{
+    fn run_slice(&mut self, bounds: Bounds) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.run(bounds))
+    }
+
+    fn into_sample(self: Box<Self>) -> Sample {
+        self.sample()
+    }
+}
+
+impl Sliced for Connections {
+    fn run_slice(&mut self, bounds: Bounds) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.run(bounds))
+    }
+
+    fn into_sample(self: Box<Self>) -> Sample {
+        self.sample()
+    }
 }
 
 /// Which `Idempotency-Key` each HTTP request carries.
@@ -282,4 +361,49 @@ pub(crate) async fn send(
     let status = response.status();
     response.into_body().collect().await.ok()?;
     Some(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    /// Slices of one [`Ops`] add up to one sample, and `n` counts on from one slice to the next: a
+    /// path that makes a fresh key of `n` never sends a key twice, however it is sliced.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slices_add_up_and_never_repeat_an_operation() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let mut ops: Box<dyn Sliced> = Box::new(Ops::new(4, move |_, n| {
+            let log = log.clone();
+            async move {
+                log.lock().expect("not poisoned").push(n);
+                n % 10 != 0
+            }
+        }));
+        let hour = Duration::from_secs(3600);
+        for requests in [100, 250, 250, 400] {
+            ops.run_slice(Bounds {
+                time: hour,
+                requests,
+            })
+            .await;
+        }
+        let sample = ops.into_sample();
+        let seen = seen.lock().expect("not poisoned").clone();
+        let distinct: BTreeSet<u64> = seen.iter().copied().collect();
+        assert_eq!(distinct.len(), seen.len(), "no operation issued twice");
+        assert!(
+            seen.iter().all(|&n| n < 400),
+            "the request bound counts from the first slice"
+        );
+        // Each worker that stops at a slice's bound has drawn one `n` it does not issue.
+        assert!(seen.len() >= 400 - 3 * 4, "{} issued", seen.len());
+        let failed = seen.iter().filter(|&&n| n % 10 == 0).count() as u64;
+        assert_eq!(sample.errors, failed);
+        assert_eq!(sample.ok, seen.len() as u64 - failed);
+        assert_eq!(sample.latencies.len() as u64, sample.ok);
+        assert!(sample.latencies.windows(2).all(|w| w[0] <= w[1]), "sorted");
+    }
 }

@@ -2,9 +2,10 @@
 //! operations through idem's engine beside the store's direct floor, at 1, 16 and 64 concurrent
 //! connections, for new keys and for replays. Cells are interleaved round by round so that noise from
 //! the shared machine falls on every column alike; each figure is the median over the rounds. The
-//! cells the memory store's target compares (the plain handler, and the memory store's new keys,
-//! replays and new keys with records held) are interleaved within each round as well, in slices
-//! ([`interleaved`]): a round's ratio then compares paths that ran under the same conditions.
+//! cells a target compares are interleaved within each round as well, in slices ([`interleaved`]):
+//! the plain handler with the memory store's HTTP paths (new keys, replays, new keys with records
+//! held), and each store's engine operations with its floor's. A round's ratio then compares paths
+//! that ran under the same conditions.
 //!
 //! The memory store's HTTP cells each run on a store made for the cell ([`memory_server`]): empty,
 //! or holding as many completed records as the scale section's large point; its engine and floor
@@ -16,7 +17,7 @@
 //! trip to them costs far more than their tables' growth.
 
 use crate::floors::{self, Floor};
-use crate::load::{self, Bounds, Connections, Keys, Sample};
+use crate::load::{self, Bounds, Connections, Keys, Ops, Sample, Sliced};
 use crate::report::{self, dur, median, pct, pct1, rate, Config};
 use crate::scale;
 use crate::setup::{self, Backend, Handle, Served};
@@ -117,33 +118,29 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
             let fresh = |path: &str| Keys::Fresh(format!("{path}-{run_id}").into());
             let plain = targets[0].addr;
             let mut loads = vec![(
-                None,
-                Path::Plain,
-                Connections::open(plain, "/plain", fresh("plain"), c).await,
+                (None, Path::Plain),
+                http(plain, "/plain", fresh("plain"), c).await,
             )];
             if let (Some(own), Some(held)) = (&own, &held) {
                 let name = Some(Backend::Memory.name());
                 let (own, held) = (own.served.addr, held.served.addr);
                 let replays = Keys::Replay(replay_keys.clone());
                 loads.push((
-                    name,
-                    Path::HttpNew,
-                    Connections::open(own, "/idem", fresh("new"), c).await,
+                    (name, Path::HttpNew),
+                    http(own, "/idem", fresh("new"), c).await,
                 ));
                 loads.push((
-                    name,
-                    Path::HttpReplay,
-                    Connections::open(own, "/idem", replays, c).await,
+                    (name, Path::HttpReplay),
+                    http(own, "/idem", replays, c).await,
                 ));
                 loads.push((
-                    name,
-                    Path::HttpNewHeld,
-                    Connections::open(held, "/idem", fresh("held"), c).await,
+                    (name, Path::HttpNewHeld),
+                    http(held, "/idem", fresh("held"), c).await,
                 ));
             }
             interleaved(&mut loads, bounds).await;
-            for (name, path, load) in loads {
-                put(&mut cells, name, path, c, load.sample());
+            for ((name, path), load) in loads {
+                put(&mut cells, name, path, c, load.into_sample());
             }
             for server in own.into_iter().chain(held) {
                 server.retire().await;
@@ -170,46 +167,12 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 } else {
                     (t.engine.clone(), t.floor.clone())
                 };
-                let e = engine.clone();
-                let scope: Arc<str> = format!("engine-{run_id}").into();
-                let s = load::drive(c, bounds, move |w, n| {
-                    let e = e.clone();
-                    let scope = scope.clone();
-                    async move { floors::engine_new(&e, &scope, format!("{w}-{n}")).await }
-                })
-                .await;
-                put(&mut cells, name, Path::EngineNew, c, s);
-                let e = engine;
-                let s = load::drive(c, bounds, move |_, n| {
-                    let e = e.clone();
-                    async move { floors::engine_replay(&e, "engine-replay", replay_key(n)).await }
-                })
-                .await;
-                put(&mut cells, name, Path::EngineReplay, c, s);
-
-                let s = floor_new_keys(&floor, format!("f{run_id}"), Fence::Kept, c, bounds).await;
-                put(&mut cells, name, Path::FloorNew, c, s);
-                let f = floor;
-                let s = load::drive(c, bounds, move |_, n| {
-                    let f = f.clone();
-                    async move { f.replay(&replay_key(n)).await }
-                })
-                .await;
-                put(&mut cells, name, Path::FloorReplay, c, s);
-
-                if t.backend == Backend::Redis {
-                    let prefix = format!("u{run_id}");
-                    let s = floor_new_keys(&t.floor, prefix, Fence::Dropped, c, bounds).await;
-                    put(&mut cells, name, Path::FloorNewUnfenced, c, s);
-                }
-                if matches!(t.backend, Backend::Postgres | Backend::Redis) {
-                    let f = t.floor.clone();
-                    let s = load::drive(c, bounds, move |_, n| {
-                        let f = f.clone();
-                        async move { f.replay_via_claim_statement(&replay_key(n)).await }
-                    })
-                    .await;
-                    put(&mut cells, name, Path::StatementReplay, c, s);
+                // The engine's operations and the floor's, interleaved in slices as the HTTP
+                // paths above are: the ratios compare what ran under the same conditions.
+                let mut loads = store_loads(t.backend, &engine, &floor, run_id, c);
+                interleaved(&mut loads, bounds).await;
+                for (path, load) in loads {
+                    put(&mut cells, name, path, c, load.into_sample());
                 }
             }
         }
@@ -227,15 +190,15 @@ const SLICES: u32 = 10;
 /// second of the shared machine (another tenant, a stolen core) lands on every path in the
 /// comparison, not on the one cell that happened to run then. The connections stay open between
 /// slices (opened before the first), so no slice pays for a handshake.
-async fn interleaved(loads: &mut [(Option<&'static str>, Path, Connections)], bounds: Bounds) {
+async fn interleaved<K>(loads: &mut [(K, Box<dyn Sliced>)], bounds: Bounds) {
     let slice = Bounds {
         time: bounds.time / SLICES,
         requests: bounds.requests,
     };
     for turn in 0..SLICES as usize {
         for i in 0..loads.len() {
-            let (_, _, load) = &mut loads[(i + turn) % loads.len()];
-            load.run(slice).await;
+            let (_, load) = &mut loads[(i + turn) % loads.len()];
+            load.run_slice(slice).await;
         }
     }
 }
@@ -256,9 +219,16 @@ pub(crate) async fn floor_new_keys(
     c: usize,
     bounds: Bounds,
 ) -> Sample {
+    let mut ops = floor_new_ops(floor, prefix, fence, c);
+    ops.run_slice(bounds).await;
+    ops.into_sample()
+}
+
+/// What [`floor_new_keys`] runs, as a load that can run in slices.
+fn floor_new_ops(floor: &Floor, prefix: String, fence: Fence, c: usize) -> Box<dyn Sliced> {
     let f = floor.clone();
     let prefix: Arc<str> = prefix.into();
-    load::drive(c, bounds, move |w, n| {
+    Box::new(Ops::new(c, move |w, n| {
         let f = f.clone();
         let key = format!("{prefix}-{w}-{n}");
         async move {
@@ -267,8 +237,64 @@ pub(crate) async fn floor_new_keys(
                 Fence::Dropped => f.new_request_unfenced(&key).await,
             }
         }
-    })
-    .await
+    }))
+}
+
+/// HTTP connections to `addr`, opened now, for [`interleaved`].
+async fn http(addr: SocketAddr, path: &'static str, keys: Keys, c: usize) -> Box<dyn Sliced> {
+    Box::new(Connections::open(addr, path, keys, c).await)
+}
+
+/// The store-level cells of `backend` at `c` connections: new requests and replays through the
+/// engine and on the floor (on Redis also the unfenced floor, on PostgreSQL and Redis also the
+/// replay through the claim statement), each a load for [`interleaved`]. `run_id` keeps the fresh
+/// keys of one set of cells apart from every other's.
+fn store_loads(
+    backend: Backend,
+    engine: &Engine,
+    floor: &Floor,
+    run_id: u64,
+    c: usize,
+) -> Vec<(Path, Box<dyn Sliced>)> {
+    let e = engine.clone();
+    let scope: Arc<str> = format!("engine-{run_id}").into();
+    let engine_new = Ops::new(c, move |w, n| {
+        let e = e.clone();
+        let scope = scope.clone();
+        async move { floors::engine_new(&e, &scope, format!("{w}-{n}")).await }
+    });
+    let e = engine.clone();
+    let engine_replay = Ops::new(c, move |_, n| {
+        let e = e.clone();
+        async move { floors::engine_replay(&e, "engine-replay", replay_key(n)).await }
+    });
+    let f = floor.clone();
+    let floor_replay = Ops::new(c, move |_, n| {
+        let f = f.clone();
+        async move { f.replay(&replay_key(n)).await }
+    });
+    let mut loads: Vec<(Path, Box<dyn Sliced>)> = vec![
+        (Path::EngineNew, Box::new(engine_new)),
+        (Path::EngineReplay, Box::new(engine_replay)),
+        (
+            Path::FloorNew,
+            floor_new_ops(floor, format!("f{run_id}"), Fence::Kept, c),
+        ),
+        (Path::FloorReplay, Box::new(floor_replay)),
+    ];
+    if backend == Backend::Redis {
+        let unfenced = floor_new_ops(floor, format!("u{run_id}"), Fence::Dropped, c);
+        loads.push((Path::FloorNewUnfenced, unfenced));
+    }
+    if matches!(backend, Backend::Postgres | Backend::Redis) {
+        let f = floor.clone();
+        let statement = Ops::new(c, move |_, n| {
+            let f = f.clone();
+            async move { f.replay_via_claim_statement(&replay_key(n)).await }
+        });
+        loads.push((Path::StatementReplay, Box::new(statement)));
+    }
+    loads
 }
 
 /// A server on a memory store of its own, for one memory-store HTTP cell.
