@@ -241,11 +241,11 @@ impl Engine {
     }
 
     /// Runs one store call under the engine's store timeout. The timer is armed only once the call
-    /// has to wait: a call that is ready when first polled never touches tokio's timer wheel (and a
-    /// store that answers on the spot, as the memory store does through
-    /// [`Store::claim_now`], is not called through here at all: it has nothing to wait for). It is boxed when armed: only a store that answers later arms it (a
-    /// network round trip, beside which one allocation is nothing), and inline its 112 bytes would
-    /// be part of every request's future, the memory store's too.
+    /// has to wait: a call that is ready when first polled never touches tokio's timer wheel. It is
+    /// boxed when armed: only a store that answers later arms it (a network round trip, beside
+    /// which one allocation is nothing), and inline its 112 bytes would be part of every request's
+    /// future. A store that answers on the spot (the memory store, through [`Store::claim_now`]
+    /// and [`Store::complete_now`]) is not called through here: it has nothing to wait for.
     ///
     /// A plain function around an `async move` block, so that `self` is not kept in the future.
     #[allow(clippy::manual_async_fn)]

@@ -14,6 +14,10 @@
 //!   shared stores, in every process that has [announced](Store::announce_waiter) a waiter.
 //!
 //! Purging is a separate capability, [`Purge`], used by the [`Sweeper`](crate::sweeper::Sweeper).
+//!
+//! A store that never waits for anything (the in-memory one) may also answer claims and completions
+//! synchronously, through [`Store::claim_now`] and [`Store::complete_now`]; the engine tries those
+//! first and calls the async methods when they return `None`, as they do by default.
 
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
