@@ -53,18 +53,16 @@ impl Sample {
         Duration::from_nanos(self.latencies.iter().sum::<u64>() / self.latencies.len() as u64)
     }
 
-    fn merge(parts: Vec<(u64, u64, Vec<u64>)>, elapsed: Duration) -> Self {
-        let mut s = Sample {
-            elapsed,
-            ..Sample::default()
-        };
-        for (ok, errors, lat) in parts {
-            s.ok += ok;
-            s.errors += errors;
-            s.latencies.extend(lat);
-        }
-        s.latencies.sort_unstable();
-        s
+    /// Adds one worker's counts; the latencies stay unsorted until [`Sample::sorted`].
+    fn add(&mut self, ok: u64, errors: u64, latencies: Vec<u64>) {
+        self.ok += ok;
+        self.errors += errors;
+        self.latencies.extend(latencies);
+    }
+
+    fn sorted(mut self) -> Self {
+        self.latencies.sort_unstable();
+        self
     }
 }
 
@@ -94,10 +92,8 @@ pub(crate) struct Ops<F> {
     workers: usize,
     op: Arc<F>,
     issued: Arc<AtomicU64>,
-    ok: u64,
-    errors: u64,
-    latencies: Vec<u64>,
-    elapsed: Duration,
+    /// What the runs so far measured, their time added up.
+    tally: Sample,
 }
 
 impl<F, Fut> Ops<F>
@@ -110,10 +106,7 @@ where
             workers,
             op: Arc::new(op),
             issued: Arc::new(AtomicU64::new(0)),
-            ok: 0,
-            errors: 0,
-            latencies: Vec::new(),
-            elapsed: Duration::ZERO,
+            tally: Sample::default(),
         }
     }
 
@@ -146,16 +139,14 @@ where
         }
         for task in tasks {
             let (ok, errors, lat) = task.await.expect("load worker panicked");
-            self.ok += ok;
-            self.errors += errors;
-            self.latencies.extend(lat);
+            self.tally.add(ok, errors, lat);
         }
-        self.elapsed += start.elapsed();
+        self.tally.elapsed += start.elapsed();
     }
 
     /// Everything the runs so far measured, as one sample (their time added up).
     pub(crate) fn sample(self) -> Sample {
-        Sample::merge(vec![(self.ok, self.errors, self.latencies)], self.elapsed)
+        self.tally.sorted()
     }
 }
 
@@ -237,10 +228,9 @@ pub(crate) struct Connections {
     /// One per connection; `None` for one that could not be opened, or reopened after it failed.
     senders: Vec<Option<Sender>>,
     issued: Arc<AtomicU64>,
-    ok: u64,
-    errors: u64,
-    latencies: Vec<u64>,
-    elapsed: Duration,
+    /// What the runs so far measured, their time added up; a connection that failed to open counts
+    /// as one error.
+    tally: Sample,
 }
 
 impl Connections {
@@ -265,10 +255,10 @@ impl Connections {
             keys,
             senders,
             issued: Arc::new(AtomicU64::new(0)),
-            ok: 0,
-            errors,
-            latencies: Vec::new(),
-            elapsed: Duration::ZERO,
+            tally: Sample {
+                errors,
+                ..Sample::default()
+            },
         }
     }
 
@@ -314,16 +304,14 @@ impl Connections {
         for task in tasks {
             let (sender, ok, errors, lat) = task.await.expect("load worker panicked");
             self.senders.push(sender);
-            self.ok += ok;
-            self.errors += errors;
-            self.latencies.extend(lat);
+            self.tally.add(ok, errors, lat);
         }
-        self.elapsed += start.elapsed();
+        self.tally.elapsed += start.elapsed();
     }
 
     /// Everything the runs so far measured, as one sample (their time added up).
     pub(crate) fn sample(self) -> Sample {
-        Sample::merge(vec![(self.ok, self.errors, self.latencies)], self.elapsed)
+        self.tally.sorted()
     }
 }
 
