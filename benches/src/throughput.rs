@@ -664,6 +664,56 @@ mod tests {
         }
     }
 
+    /// A load that only logs which slices it was given.
+    struct Logged {
+        id: usize,
+        log: Arc<std::sync::Mutex<Vec<(usize, Duration)>>>,
+    }
+
+    impl Sliced for Logged {
+        fn run_slice(
+            &mut self,
+            bounds: Bounds,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+            let log = self.log.clone();
+            let id = self.id;
+            Box::pin(async move { log.lock().expect("not poisoned").push((id, bounds.time)) })
+        }
+
+        fn into_sample(self: Box<Self>) -> Sample {
+            Sample::default()
+        }
+    }
+
+    /// What makes the sliced ratios fair: every load gets [`SLICES`] slices of an equal share of
+    /// the cell's time, and the order rotates, so no load always runs first or last in a turn.
+    #[tokio::test]
+    async fn interleaving_gives_every_load_equal_slices_in_rotating_order() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut loads: Vec<(usize, Box<dyn Sliced>)> = (0..3)
+            .map(|id| {
+                let load: Box<dyn Sliced> = Box::new(Logged {
+                    id,
+                    log: log.clone(),
+                });
+                (id, load)
+            })
+            .collect();
+        let bounds = Bounds {
+            time: Duration::from_secs(1),
+            requests: 10,
+        };
+        interleaved(&mut loads, bounds).await;
+        let log = log.lock().expect("not poisoned").clone();
+        assert_eq!(log.len(), 3 * SLICES as usize);
+        assert!(log.iter().all(|&(_, t)| t == bounds.time / SLICES));
+        for (turn, slices) in log.chunks(3).enumerate() {
+            let order: Vec<usize> = slices.iter().map(|&(id, _)| id).collect();
+            let expected: Vec<usize> = (0..3).map(|i| (i + turn) % 3).collect();
+            assert_eq!(order, expected, "turn {turn}");
+        }
+    }
+
     #[test]
     fn per_round_ratios_pair_each_round_with_its_plain_cell_and_round_down() {
         let memory = Some(Backend::Memory.name());
