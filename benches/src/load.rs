@@ -73,21 +73,9 @@ pub(crate) struct Bounds {
     pub(crate) requests: u64,
 }
 
-/// Runs `op(worker, n)` from `workers` concurrent tasks until the bounds are reached. `op` returns
-/// whether the operation succeeded.
-pub(crate) async fn drive<F, Fut>(workers: usize, bounds: Bounds, op: F) -> Sample
-where
-    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = bool> + Send,
-{
-    let mut ops = Ops::new(workers, op);
-    ops.run(bounds).await;
-    ops.sample()
-}
-
 /// Store operations from `workers` concurrent tasks, in one or more runs that add to one sample:
-/// [`drive`] is one run; the throughput section interleaves several (see [`Sliced`]). `n` counts
-/// on from one run to the next, so an operation on a fresh key never sees a key twice.
+/// `profile-store` makes one run; the throughput section interleaves several (see [`Sliced`]).
+/// `n` counts on from one run to the next, so an operation on a fresh key never sees a key twice.
 pub(crate) struct Ops<F> {
     workers: usize,
     op: Arc<F>,

@@ -243,7 +243,6 @@ fn profile_store(args: &[String]) {
         let engine = idem_runtime::Engine::from_arc(handle.store());
         let floor = floors::Floor::for_handle(&handle);
         throughput::seed_replays(&engine, &floor).await;
-        let replay = throughput::replay_key;
         let bounds = load::Bounds {
             time: std::time::Duration::from_secs(secs),
             requests: u64::MAX,
@@ -255,48 +254,22 @@ fn profile_store(args: &[String]) {
         };
         let server_before = server_cpu(server);
         let cpu_before = process_cpu();
-        let s = match path.as_str() {
-            "engine-new" => {
-                load::drive(connections, bounds, move |w, n| {
-                    let e = engine.clone();
-                    async move { floors::engine_new(&e, "profile", format!("{w}-{n}")).await }
-                })
-                .await
-            }
-            "engine-replay" => {
-                load::drive(connections, bounds, move |_, n| {
-                    let e = engine.clone();
-                    async move { floors::engine_replay(&e, "engine-replay", replay(n)).await }
-                })
-                .await
-            }
-            "floor-new" => {
-                let fence = throughput::Fence::Kept;
-                throughput::floor_new_keys(&floor, "p".into(), fence, connections, bounds).await
-            }
-            "floor-new-unfenced" => {
-                let fence = throughput::Fence::Dropped;
-                throughput::floor_new_keys(&floor, "u".into(), fence, connections, bounds).await
-            }
-            "floor-replay" => {
-                load::drive(connections, bounds, move |_, n| {
-                    let f = floor.clone();
-                    async move { f.replay(&replay(n)).await }
-                })
-                .await
-            }
-            "statement-replay" => {
-                load::drive(connections, bounds, move |_, n| {
-                    let f = floor.clone();
-                    async move { f.replay_via_claim_statement(&replay(n)).await }
-                })
-                .await
-            }
+        let which = match path.as_str() {
+            "engine-new" => throughput::Path::EngineNew,
+            "engine-replay" => throughput::Path::EngineReplay,
+            "floor-new" => throughput::Path::FloorNew,
+            "floor-new-unfenced" => throughput::Path::FloorNewUnfenced,
+            "floor-replay" => throughput::Path::FloorReplay,
+            "statement-replay" => throughput::Path::StatementReplay,
             other => {
                 eprintln!("profile-store: unknown path `{other}`");
                 std::process::exit(2);
             }
         };
+        let mut load = throughput::store_load(which, &engine, &floor, 0, connections)
+            .expect("every path named above is a store-level one");
+        load.run_slice(bounds).await;
+        let s = load.into_sample();
         let cpu = process_cpu() - cpu_before;
         let server_cpu = server_cpu(server) - server_before;
         let ops = s.ok.max(1) as f64;

@@ -32,7 +32,7 @@ pub(crate) const CONCURRENCY: [usize; 3] = [1, 16, 64];
 const REPLAY_KEYS: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Path {
+pub(crate) enum Path {
     Plain,
     HttpNew,
     HttpReplay,
@@ -203,43 +203,6 @@ async fn interleaved<K>(loads: &mut [(K, Box<dyn Sliced>)], bounds: Bounds) {
     }
 }
 
-/// Whether a floor's new request completes only its own claim ([`Floor::new_request`]) or
-/// unconditionally ([`Floor::new_request_unfenced`], Redis only).
-#[derive(Clone, Copy)]
-pub(crate) enum Fence {
-    Kept,
-    Dropped,
-}
-
-/// `floor`'s new requests on fresh keys under `prefix`, from `c` connections.
-pub(crate) async fn floor_new_keys(
-    floor: &Floor,
-    prefix: String,
-    fence: Fence,
-    c: usize,
-    bounds: Bounds,
-) -> Sample {
-    let mut ops = floor_new_ops(floor, prefix, fence, c);
-    ops.run_slice(bounds).await;
-    ops.into_sample()
-}
-
-/// What [`floor_new_keys`] runs, as a load that can run in slices.
-fn floor_new_ops(floor: &Floor, prefix: String, fence: Fence, c: usize) -> Box<dyn Sliced> {
-    let f = floor.clone();
-    let prefix: Arc<str> = prefix.into();
-    Box::new(Ops::new(c, move |w, n| {
-        let f = f.clone();
-        let key = format!("{prefix}-{w}-{n}");
-        async move {
-            match fence {
-                Fence::Kept => f.new_request(&key).await,
-                Fence::Dropped => f.new_request_unfenced(&key).await,
-            }
-        }
-    }))
-}
-
 /// HTTP connections to `addr`, opened now, for [`interleaved`].
 async fn http(addr: SocketAddr, path: &'static str, keys: Keys, c: usize) -> Box<dyn Sliced> {
     Box::new(Connections::open(addr, path, keys, c).await)
@@ -247,8 +210,7 @@ async fn http(addr: SocketAddr, path: &'static str, keys: Keys, c: usize) -> Box
 
 /// The store-level cells of `backend` at `c` connections: new requests and replays through the
 /// engine and on the floor (on Redis also the unfenced floor, on PostgreSQL and Redis also the
-/// replay through the claim statement), each a load for [`interleaved`]. `run_id` keeps the fresh
-/// keys of one set of cells apart from every other's.
+/// replay through the claim statement), each a load for [`interleaved`].
 fn store_loads(
     backend: Backend,
     engine: &Engine,
@@ -256,45 +218,76 @@ fn store_loads(
     run_id: u64,
     c: usize,
 ) -> Vec<(Path, Box<dyn Sliced>)> {
-    let e = engine.clone();
-    let scope: Arc<str> = format!("engine-{run_id}").into();
-    let engine_new = Ops::new(c, move |w, n| {
-        let e = e.clone();
-        let scope = scope.clone();
-        async move { floors::engine_new(&e, &scope, format!("{w}-{n}")).await }
-    });
-    let e = engine.clone();
-    let engine_replay = Ops::new(c, move |_, n| {
-        let e = e.clone();
-        async move { floors::engine_replay(&e, "engine-replay", replay_key(n)).await }
-    });
-    let f = floor.clone();
-    let floor_replay = Ops::new(c, move |_, n| {
-        let f = f.clone();
-        async move { f.replay(&replay_key(n)).await }
-    });
-    let mut loads: Vec<(Path, Box<dyn Sliced>)> = vec![
-        (Path::EngineNew, Box::new(engine_new)),
-        (Path::EngineReplay, Box::new(engine_replay)),
-        (
-            Path::FloorNew,
-            floor_new_ops(floor, format!("f{run_id}"), Fence::Kept, c),
-        ),
-        (Path::FloorReplay, Box::new(floor_replay)),
+    let mut paths = vec![
+        Path::EngineNew,
+        Path::EngineReplay,
+        Path::FloorNew,
+        Path::FloorReplay,
     ];
     if backend == Backend::Redis {
-        let unfenced = floor_new_ops(floor, format!("u{run_id}"), Fence::Dropped, c);
-        loads.push((Path::FloorNewUnfenced, unfenced));
+        paths.push(Path::FloorNewUnfenced);
     }
     if matches!(backend, Backend::Postgres | Backend::Redis) {
-        let f = floor.clone();
-        let statement = Ops::new(c, move |_, n| {
+        paths.push(Path::StatementReplay);
+    }
+    paths
+        .into_iter()
+        .filter_map(|path| Some((path, store_load(path, engine, floor, run_id, c)?)))
+        .collect()
+}
+
+/// One store-level path from `c` connections, as a load that runs in slices (`None` for the HTTP
+/// paths): through the engine, or issued directly on the floor. `run_id` keeps the fresh keys of
+/// one cell apart from every other's. A path the store does not have (the claim statement on
+/// SQLite, the unfenced completion outside Redis) is built all the same and counts every operation
+/// as an error.
+pub(crate) fn store_load(
+    path: Path,
+    engine: &Engine,
+    floor: &Floor,
+    run_id: u64,
+    c: usize,
+) -> Option<Box<dyn Sliced>> {
+    let (e, f) = (engine.clone(), floor.clone());
+    let load: Box<dyn Sliced> = match path {
+        Path::Plain | Path::HttpNew | Path::HttpReplay | Path::HttpNewHeld => return None,
+        Path::EngineNew => {
+            let scope: Arc<str> = format!("engine-{run_id}").into();
+            Box::new(Ops::new(c, move |w, n| {
+                let (e, scope) = (e.clone(), scope.clone());
+                async move { floors::engine_new(&e, &scope, format!("{w}-{n}")).await }
+            }))
+        }
+        Path::EngineReplay => Box::new(Ops::new(c, move |_, n| {
+            let e = e.clone();
+            async move { floors::engine_replay(&e, "engine-replay", replay_key(n)).await }
+        })),
+        Path::FloorNew | Path::FloorNewUnfenced => {
+            // The unfenced floor completes unconditionally ([`Floor::new_request_unfenced`]).
+            let fenced = path == Path::FloorNew;
+            let prefix: Arc<str> = format!("{}{run_id}", if fenced { "f" } else { "u" }).into();
+            Box::new(Ops::new(c, move |w, n| {
+                let f = f.clone();
+                let key = format!("{prefix}-{w}-{n}");
+                async move {
+                    if fenced {
+                        f.new_request(&key).await
+                    } else {
+                        f.new_request_unfenced(&key).await
+                    }
+                }
+            }))
+        }
+        Path::FloorReplay => Box::new(Ops::new(c, move |_, n| {
+            let f = f.clone();
+            async move { f.replay(&replay_key(n)).await }
+        })),
+        Path::StatementReplay => Box::new(Ops::new(c, move |_, n| {
             let f = f.clone();
             async move { f.replay_via_claim_statement(&replay_key(n)).await }
-        });
-        loads.push((Path::StatementReplay, Box::new(statement)));
-    }
-    loads
+        })),
+    };
+    Some(load)
 }
 
 /// A server on a memory store of its own, for one memory-store HTTP cell.
