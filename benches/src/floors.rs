@@ -193,7 +193,7 @@ pub(crate) enum Floor {
 pub(crate) struct FloorRecord {
     fingerprint: [u8; 32],
     token: i64,
-    response: Option<Bytes>,
+    pub(crate) response: Option<Bytes>,
 }
 
 /// The memory floor's records.
@@ -217,6 +217,44 @@ pub(crate) fn memory_claim(map: &MemoryMap, key: &str, fingerprint: [u8; 32], to
     true
 }
 
+/// The memory floor's completion: store `body` under `key` if its record is still this claim's
+/// (`token`); whether it was.
+pub(crate) fn memory_complete(map: &MemoryMap, key: &str, token: i64, body: Bytes) -> bool {
+    let mut map = map.lock().expect("floor map");
+    match map.get_mut(key) {
+        Some(r) if r.token == token => {
+            r.response = Some(body);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Fills the memory floor with `count` completed records (keys `held-<i>`), as
+/// `throughput::hold` fills the memory store for the "records held" cells.
+pub(crate) fn memory_hold(map: &MemoryMap, count: u64) {
+    let (fingerprint, body) = (fingerprint().0, response().body);
+    let mut map = map.lock().expect("floor map");
+    map.reserve(count as usize);
+    for i in 0..count {
+        let record = FloorRecord {
+            fingerprint,
+            token: FencingToken::generate().0,
+            // A copy each, as each of the store's held records has its own.
+            response: Some(Bytes::copy_from_slice(&body)),
+        };
+        map.insert(format!("held-{i}"), record);
+    }
+}
+
+/// The memory floor's replay: the body stored under `key`, if its request completed.
+pub(crate) fn memory_stored(map: &MemoryMap, key: &str) -> Option<Bytes> {
+    map.lock()
+        .expect("floor map")
+        .get(key)
+        .and_then(|r| r.response.clone())
+}
+
 impl Floor {
     pub(crate) fn for_handle(handle: &Handle) -> Self {
         match handle {
@@ -236,17 +274,7 @@ impl Floor {
         let body = response().body;
         match self {
             Floor::Memory(map) => {
-                if !memory_claim(map, key, fp, token) {
-                    return false;
-                }
-                let mut map = map.lock().expect("floor map");
-                match map.get_mut(key) {
-                    Some(r) if r.token == token => {
-                        r.response = Some(body);
-                        true
-                    }
-                    _ => false,
-                }
+                memory_claim(map, key, fp, token) && memory_complete(map, key, token, body)
             }
             Floor::Sqlite(pool) => {
                 let claimed = sqlx::query(

@@ -173,7 +173,7 @@ fn profile_http(args: &[String]) {
         throughput::hold(&store, held).await;
         let fill_cpu = process_cpu() - fill_cpu;
         let engine = idem_runtime::Engine::from_arc(store);
-        let addr = setup::serve(setup::router(engine)).await;
+        let addr = setup::serve(setup::router(engine, Default::default())).await;
         let (route, keys) = match path.as_str() {
             "plain" => ("/plain", load::Keys::Fresh("plain".into())),
             "replay" => {

@@ -62,7 +62,7 @@ fn request(path: &str, key: &str) -> axum::http::Request<Body> {
 
 /// `n` requests through the router in this task (memory store); allocation calls and time per request.
 pub(crate) async fn in_process(kind: Kind, n: u64) -> (f64, Duration) {
-    let router: Router = setup::router(Engine::new(MemoryStore::new()));
+    let router: Router = setup::router(Engine::new(MemoryStore::new()), Default::default());
     if let Kind::Replay = kind {
         let r = router
             .clone()

@@ -1,15 +1,23 @@
-//! The stores under test, the in-process server and its handler (plain and annotated).
+//! The stores under test, the in-process server and its handler (plain, annotated, and with the
+//! memory floor's claim and completion written around it by hand).
 
-use axum::http::header::LOCATION;
+use crate::floors::{self, MemoryMap};
+use axum::body::Body;
+use axum::extract::{FromRequestParts, State};
+use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::BodyExt;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::store::{Purge, Store};
+use idem_runtime::FencingToken;
 use idem_runtime::{idempotent, Engine};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -49,12 +57,65 @@ pub(crate) async fn annotated(Json(req): Json<NewPayment>) -> Response {
     created(req)
 }
 
-/// `/plain` and `/idem`: the same handler without and with `#[idempotent]`.
-pub(crate) fn router(engine: Engine) -> Router {
+/// The memory store's HTTP floor: the plain handler with the memory floor's claim and completion
+/// (`floors::memory_claim`, `floors::memory_complete`: a `Mutex<HashMap>`) written around it by
+/// hand, what an `Idempotency-Key` costs with no framework. A key already claimed answers the
+/// stored body (a replay) or 409 while in flight; no fingerprint is computed or compared (the
+/// record holds a constant one), nothing expires, and no header is added.
+pub(crate) async fn floor(
+    State(map): State<Arc<MemoryMap>>,
+    KeyHeader(key): KeyHeader,
+    Json(req): Json<NewPayment>,
+) -> Response {
+    let Some(key) = key.as_ref().and_then(|v| v.to_str().ok()) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let token = FencingToken::generate().0;
+    if !floors::memory_claim(&map, key, *FLOOR_FINGERPRINT, token) {
+        return match floors::memory_stored(&map, key) {
+            Some(body) => {
+                (StatusCode::CREATED, [(CONTENT_TYPE, JSON.clone())], body).into_response()
+            }
+            None => StatusCode::CONFLICT.into_response(),
+        };
+    }
+    let (parts, mut body) = created(req).into_parts();
+    // The handler's body is one frame (axum's `Json`): kept as it is, no copy.
+    let body = match body.frame().await {
+        Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
+    };
+    floors::memory_complete(&map, key, token, body.clone());
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// The `Idempotency-Key` header alone (axum's `HeaderMap` extractor would copy every header).
+pub(crate) struct KeyHeader(Option<HeaderValue>);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyHeader {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(KeyHeader(parts.headers.get("idempotency-key").cloned()))
+    }
+}
+
+static JSON: HeaderValue = HeaderValue::from_static("application/json");
+static FLOOR_FINGERPRINT: std::sync::LazyLock<[u8; 32]> =
+    std::sync::LazyLock::new(|| floors::fingerprint().0);
+
+/// `/plain` and `/idem`: the same handler without and with `#[idempotent]` (on `engine`); `/floor`:
+/// the same handler with the memory floor's claim and completion written by hand (on `floor`).
+pub(crate) fn router(engine: Engine, floor_map: Arc<MemoryMap>) -> Router {
     Router::new()
         .route("/plain", post(plain))
         .route("/idem", post(annotated))
         .with_state(engine)
+        .merge(
+            Router::new()
+                .route("/floor", post(floor))
+                .with_state(floor_map),
+        )
 }
 
 /// Serves `router` on an ephemeral 127.0.0.1 port in this process, for as long as the process runs.
@@ -282,4 +343,64 @@ pub(crate) async fn handles(sqlite_name: &str) -> Vec<(Backend, Handle)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn post(router: &Router, key: Option<&str>) -> (StatusCode, Bytes) {
+        let mut request = Request::post("/floor").header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request
+            .body(Body::from(crate::load::BODY))
+            .expect("a valid request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let body = response.into_body().collect().await.expect("body");
+        (status, body.to_bytes())
+    }
+
+    /// The floor does what an `Idempotency-Key` must at its least: the handler runs once per key
+    /// and a repeat gets the stored body; without a key, 400. Otherwise its cells would not be the
+    /// floor of idem's.
+    #[tokio::test]
+    async fn the_floor_by_hand_runs_once_per_key_and_replays_the_stored_body() {
+        let map = Arc::<MemoryMap>::default();
+        let router = router(Engine::new(MemoryStore::new()), map.clone());
+        let (status, first) = post(&router, Some("k1")).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, again) = post(&router, Some("k1")).await;
+        assert_eq!((status, &again), (StatusCode::CREATED, &first), "replayed");
+        let (status, other) = post(&router, Some("k2")).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_ne!(other, first, "a new key runs the handler (a new id)");
+        assert_eq!(post(&router, None).await.0, StatusCode::BAD_REQUEST);
+        assert_eq!(map.lock().expect("floor map").len(), 2);
+    }
+
+    /// The held floor's records are each a completed record with a body of its own, as the
+    /// store's held records are.
+    #[test]
+    fn the_held_floor_holds_completed_records_with_their_own_bodies() {
+        let map = MemoryMap::default();
+        floors::memory_hold(&map, 3);
+        let map = map.lock().expect("floor map");
+        assert_eq!(map.len(), 3);
+        let bodies: Vec<&Bytes> = (0..3)
+            .map(|i| {
+                map[&format!("held-{i}")]
+                    .response
+                    .as_ref()
+                    .expect("completed")
+            })
+            .collect();
+        assert!(bodies.iter().all(|b| **b == floors::response().body));
+        assert_ne!(bodies[0].as_ptr(), bodies[1].as_ptr(), "one copy each");
+    }
 }
