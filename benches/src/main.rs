@@ -8,6 +8,10 @@
 //! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed;
 //! it prints the CPU per request of the load itself too); with `IDEM_BENCH_HELD=<n>` the store first
 //! holds `n` completed records, as the throughput section's "records held" cells do.
+//! `serve [port]` serves the bench's router (plain, the memory store, the memory floor by hand) and
+//! `load <addr> <plain|new|replay|floor-new|floor-replay> [connections] [seconds] [server-pid]`
+//! loads it from another process, printing the server's own CPU per request; `server-cpu [rounds]
+//! [connections] [seconds]` compares the paths that way, a fresh server per path and round.
 //! `profile-store <memory|sqlite|postgres|redis> <engine-new|floor-new|engine-replay|floor-replay|
 //! statement-replay|floor-new-unfenced> [connections] [seconds]` runs one store-level path of the
 //! throughput section alone and prints the CPU per operation of this process and of the store's
@@ -35,6 +39,7 @@ mod report;
 mod roundtrips;
 mod rss;
 mod scale;
+mod server_cpu;
 mod setup;
 mod throughput;
 
@@ -46,6 +51,9 @@ fn main() {
     let section = args.first().map_or("all", String::as_str);
     match section {
         "serve-payments" => serve_payments(),
+        "serve" => serve(&args[1..]),
+        "load" => load(&args[1..]),
+        "server-cpu" => compare_server_cpu(&args[1..]),
         "profile" => profile(&args[1..]),
         "profile-http" => profile_http(&args[1..]),
         "profile-store" => profile_store(&args[1..]),
@@ -293,8 +301,7 @@ fn profile_store(args: &[String]) {
 
 /// This process's CPU time so far (user + system), in seconds.
 fn process_cpu() -> f64 {
-    stat_cpu(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
-        .map_or(0.0, |(_, cpu)| cpu)
+    pid_cpu(std::process::id()).unwrap_or(0.0)
 }
 
 /// The CPU time so far (user + system, in seconds) of every process named `name` (`redis-server`,
@@ -323,6 +330,90 @@ fn stat_cpu(stat: &str) -> Option<(String, f64)> {
     let utime: f64 = fields.next()?.parse().ok()?;
     let stime: f64 = fields.next()?.parse().ok()?;
     Some((comm, (utime + stime) / 100.0))
+}
+
+/// `serve [port]`: the bench's router (`/plain`; `/idem` on a memory store; `/floor`, the memory
+/// floor by hand) on 127.0.0.1:`port` (any free port by default), for a load from another process
+/// (`load` below, or wrk), so that the server's CPU per request is read apart from the load
+/// generator's. With `IDEM_BENCH_HELD=<n>` the store and the floor first hold `n` completed records.
+/// Prints `serving <addr> pid <pid>` once it listens, then serves until it is killed.
+fn serve(args: &[String]) {
+    alloc::stop_counting();
+    let port: u16 = args.first().and_then(|n| n.parse().ok()).unwrap_or(0);
+    multi_thread().block_on(async move {
+        let store = std::sync::Arc::new(idem_runtime::store::memory::MemoryStore::new());
+        let floor = std::sync::Arc::new(floors::MemoryMap::default());
+        let held: u64 = report::env("IDEM_BENCH_HELD", 0);
+        throughput::hold(&store, held).await;
+        floors::memory_hold(&floor, held);
+        let router = setup::router(idem_runtime::Engine::from_arc(store), floor);
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap_or_else(|e| {
+                eprintln!("serve: cannot listen on 127.0.0.1:{port}: {e}");
+                std::process::exit(2);
+            });
+        let addr = listener.local_addr().expect("a bound listener's address");
+        println!("serving {addr} pid {}", std::process::id());
+        let _ = axum::serve(listener, router).await;
+    });
+}
+
+/// `load <addr> <plain|new|replay|floor-new|floor-replay> [connections] [seconds] [server-pid]`:
+/// one HTTP path, from this process, against a `serve` process at `addr` (the replay paths first
+/// complete the keys they send). Prints the requests served, their rate and latency, and, given the
+/// server's pid, the server's CPU per request (user + system time from `/proc`, over the load).
+fn load(args: &[String]) {
+    alloc::stop_counting();
+    let Some(addr) = args
+        .first()
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+    else {
+        eprintln!("load: the first argument is the server's address, as `serve` prints it");
+        std::process::exit(2);
+    };
+    let path = args.get(1).map_or("new", String::as_str).to_owned();
+    let connections = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(16);
+    let secs = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(3);
+    let server: Option<u32> = args.get(4).and_then(|n| n.parse().ok());
+    multi_thread().block_on(async move {
+        let Some((route, keys)) = server_cpu::route_and_keys(&path, addr).await else {
+            eprintln!("load: unknown path `{path}`");
+            std::process::exit(2);
+        };
+        let server_now = || server.map(|pid| pid_cpu(pid).unwrap_or(0.0));
+        let before = server_now();
+        let bounds = load::Bounds {
+            time: std::time::Duration::from_secs(secs),
+            requests: u64::MAX,
+        };
+        let s = load::http(addr, route, keys, connections, bounds).await;
+        let per_request = |cpu: f64| format!("; server CPU per request {:.2} µs", cpu * 1e6 / s.ok.max(1) as f64);
+        println!(
+            "{path}: {} requests in {:?} on {connections} connections ({:.0} req/s, p50 {:?}, p99 {:?}), {} errors{}",
+            s.ok,
+            s.elapsed,
+            s.throughput(),
+            s.p50(),
+            s.p99(),
+            s.errors,
+            before.zip(server_now()).map_or(String::new(), |(b, a)| per_request(a - b)),
+        );
+    });
+}
+
+/// `server-cpu [rounds] [connections] [seconds]`: see `server_cpu`.
+fn compare_server_cpu(args: &[String]) {
+    alloc::stop_counting();
+    let rounds = args.first().and_then(|n| n.parse().ok()).unwrap_or(10);
+    let connections = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(16);
+    let secs = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1);
+    multi_thread().block_on(server_cpu::run(rounds, connections, secs));
+}
+
+/// The CPU time so far (user + system, in seconds) of process `pid`, from `/proc`.
+pub(crate) fn pid_cpu(pid: u32) -> Option<f64> {
+    stat_cpu(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?).map(|(_, cpu)| cpu)
 }
 
 /// The payments example, in a child process of the bench (for its RSS).
