@@ -20,12 +20,14 @@
 //! so the index holds no copy of the key and compares integers only.
 //!
 //! A slot's byte string holds the scope and the key and, once the record is completed, the stored
-//! response's headers and body (`pack`): a record is two allocations (slot and bytes) however many
-//! headers it stores, where keeping the key and response as they arrive kept one per string (nine
-//! for a 201 with two headers). Fewer, exactly sized allocations that live for a day are what keeps
-//! the heap of a busy store compact. A replay's header values and body are slices of those bytes
-//! (a standard header's name is `http`'s constant); the first replay of a record that stored any
-//! value or body adds the 24-byte header through which `Bytes` shares them.
+//! response's headers and body (`pack`), where keeping the key and response as they arrive kept one
+//! allocation per string (nine for a 201 with two headers). A completed record's string of up to
+//! a KiB is cut from one of the shard's blocks, each holding the records of one retention length
+//! (`blocks`: records that live for a day, allocated one by one among the requests' short-lived
+//! allocations, slowed the allocator for every request); a longer one is allocated alone. So a
+//! record is its slot's allocation and a slice of a block. A replay's header values and body are
+//! slices of one copy of the record's response (of the record's own bytes if allocated alone); a
+//! standard header's name is `http`'s constant.
 //! The head is the record without the response's headers and body; the rules every store shares
 //! ([`Record::is_forgotten`], [`Record::can_take_over`]) run on a `Record` built from it, which
 //! allocates nothing.
@@ -35,6 +37,8 @@ use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::sync::{Mutex, MutexGuard};
+use blocks::{Blocks, BLOCK_RECORD_MAX};
+use bytes::BufMut;
 use bytes::Bytes;
 use hashbrown::hash_table::{Entry, HashTable};
 use http::header::{HeaderName, HeaderValue};
@@ -43,6 +47,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::PoisonError;
 
+mod blocks;
 mod retention;
 
 /// How many records past retention one claim evicts at most (keeps each critical section short).
@@ -89,6 +94,8 @@ impl Default for MemoryStore {
 struct Inner {
     records: HashTable<Bucket>,
     retention: Retention,
+    /// Where completed records' byte strings are cut from (see `blocks`).
+    blocks: Blocks,
     /// Entries in `retention` left behind by released or renewed records (an upper bound: an
     /// entry evicted meanwhile may still be counted).
     stale: usize,
@@ -167,6 +174,12 @@ impl Head {
         }
     }
 
+    /// How long the record is retained after its claim, in milliseconds: the retention length its
+    /// completed bytes' block is chosen by (see `blocks`).
+    fn retention_length(&self) -> i64 {
+        self.retain_until.as_millis() - self.created_at.as_millis()
+    }
+
     fn in_flight_under(&self, token: FencingToken) -> bool {
         self.token == token && matches!(self.state, HeadState::InFlight { .. })
     }
@@ -202,35 +215,49 @@ impl Head {
 /// A slot's byte string: the scope and the key, then, for a completed record, the header count,
 /// each name and value (each after its length), then the body, all lengths as 4-byte little-endian
 /// integers (a stored header is far below 4 GiB: it comes from a response's head, and bodies are
-/// buffered under the endpoint's limit). Exactly sized: `Bytes::from` a full vector allocates
-/// nothing more.
+/// buffered under the endpoint's limit). This allocates it alone, exactly sized (`Bytes::from` a
+/// full vector allocates nothing more); a completed record's short string is cut from a block
+/// instead ([`MemoryStore::complete`](Store::complete)).
 fn pack(key: &RecordKey, response: Option<&StoredResponse>) -> Bytes {
-    let (scope, name) = (key.scope.as_bytes(), key.key.as_bytes());
+    let len = packed_len(key, response);
+    let mut bytes = Vec::with_capacity(len);
+    pack_into(&mut bytes, key, response);
+    debug_assert_eq!(bytes.len(), len, "the capacity is the packed length");
+    Bytes::from(bytes)
+}
+
+/// How long [`pack`]'s string is.
+fn packed_len(key: &RecordKey, response: Option<&StoredResponse>) -> usize {
+    let head = key.scope.len() + key.key.len();
     let Some(response) = response else {
-        return Bytes::from([scope, name].concat());
+        return head;
     };
     let header_bytes: usize = response
         .headers
         .iter()
         .map(|(name, value)| 8 + name.as_str().len() + value.len())
         .sum();
-    let len = scope.len() + name.len() + 4 + header_bytes + response.body.len();
-    let mut bytes = Vec::with_capacity(len);
-    bytes.extend_from_slice(scope);
-    bytes.extend_from_slice(name);
-    let put_len = |bytes: &mut Vec<u8>, len: usize| {
-        bytes.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes())
+    head + 4 + header_bytes + response.body.len()
+}
+
+/// Appends [`pack`]'s string to `out`.
+fn pack_into(out: &mut impl BufMut, key: &RecordKey, response: Option<&StoredResponse>) {
+    out.put_slice(key.scope.as_bytes());
+    out.put_slice(key.key.as_bytes());
+    let Some(response) = response else {
+        return;
     };
-    put_len(&mut bytes, response.headers.len());
+    let put_len = |out: &mut _, len: usize| {
+        BufMut::put_u32_le(out, u32::try_from(len).unwrap_or(u32::MAX));
+    };
+    put_len(out, response.headers.len());
     for (name, value) in &response.headers {
-        put_len(&mut bytes, name.as_str().len());
-        bytes.extend_from_slice(name.as_str().as_bytes());
-        put_len(&mut bytes, value.len());
-        bytes.extend_from_slice(value.as_bytes());
+        put_len(out, name.as_str().len());
+        out.put_slice(name.as_str().as_bytes());
+        put_len(out, value.len());
+        out.put_slice(value.as_bytes());
     }
-    bytes.extend_from_slice(&response.body);
-    debug_assert_eq!(bytes.len(), len, "the capacity is the packed length");
-    Bytes::from(bytes)
+    out.put_slice(&response.body);
 }
 
 impl Slot {
@@ -266,7 +293,11 @@ impl Slot {
     }
 
     /// The record as stored, its response (if completed) rebuilt from the bytes: the header values
-    /// and the body share the packed buffer, and a standard header's name is `http`'s constant.
+    /// and the body share one buffer, and a standard header's name is `http`'s constant. A
+    /// response cut from a block is copied out first (one short copy): a replay then neither keeps
+    /// the block alive while it is sent nor counts on the reference count every record of the
+    /// block shares, which replays on other cores would pull back and forth. A long one, allocated
+    /// alone, is shared as it is.
     /// The bytes were packed from checked headers, so decoding them fails only if memory is
     /// damaged; it then reports the record corrupt, as every store does, rather than replay part
     /// of a response.
@@ -274,15 +305,21 @@ impl Slot {
         match self.head.state {
             HeadState::InFlight { .. } => Ok(self.head.view()),
             HeadState::Completed { .. } => {
-                let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
+                let stored = self.bytes.get(self.key_end..).unwrap_or_default();
+                let own = if self.bytes.len() <= BLOCK_RECORD_MAX {
+                    Bytes::copy_from_slice(stored)
+                } else {
+                    self.bytes.slice_ref(stored)
+                };
+                let mut rest = &own[..];
                 let count = take_len(&mut rest);
                 let mut headers = Vec::with_capacity(count.min(rest.len() / 8));
                 for _ in 0..count {
                     let name = take(&mut rest);
-                    let value = self.bytes.slice_ref(take(&mut rest));
+                    let value = own.slice_ref(take(&mut rest));
                     headers.push(crate::record::header(name, value).map_err(StoreError::corrupt)?);
                 }
-                Ok(self.head.record(headers, self.bytes.slice_ref(rest)))
+                Ok(self.head.record(headers, own.slice_ref(rest)))
             }
         }
     }
@@ -308,12 +345,6 @@ impl Inner {
         self.records
             .find(hash, |b| b.hash == hash && b.slot.is(key))
             .map(|b| &*b.slot)
-    }
-
-    fn find_mut(&mut self, hash: u64, key: &RecordKey) -> Option<&mut Slot> {
-        self.records
-            .find_mut(hash, |b| b.hash == hash && b.slot.is(key))
-            .map(|b| &mut *b.slot)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -495,17 +526,29 @@ impl MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        // Packed (and the old bytes dropped) outside the lock: the body may be tens of KiB.
-        let packed = pack(key, Some(response));
+        // A short record is cut from a block under the lock, where the shard's blocks are; a long
+        // one (the body may be tens of KiB) is packed outside it, alone. The old bytes are dropped
+        // outside it too.
+        let len = packed_len(key, Some(response));
+        let alone = (len > BLOCK_RECORD_MAX).then(|| pack(key, Some(response)));
         let hash = self.hash(key);
         let replaced = {
-            let mut inner = self.shard(hash);
-            match inner.find_mut(hash, key) {
-                Some(slot) if slot.head.in_flight_under(token) => {
-                    slot.complete(packed, response.status)
-                }
+            let mut guard = self.shard(hash);
+            let Inner {
+                records, blocks, ..
+            } = &mut *guard;
+            let slot = match records.find_mut(hash, |b| b.hash == hash && b.slot.is(key)) {
+                Some(bucket) if bucket.slot.head.in_flight_under(token) => &mut bucket.slot,
                 _ => return Err(StoreError::fenced()),
-            }
+            };
+            let packed = alone
+                .or_else(|| {
+                    blocks.cut(slot.head.retention_length(), len, |block| {
+                        pack_into(block, key, Some(response))
+                    })
+                })
+                .unwrap_or_else(|| pack(key, Some(response)));
+            slot.complete(packed, response.status)
         };
         drop(replaced);
         self.waiters.notify(key);
