@@ -26,8 +26,8 @@
 //! (`blocks`: records that live for a day, allocated one by one among the requests' short-lived
 //! allocations, slowed the allocator for every request); a longer one is allocated alone. So a
 //! record is its slot's allocation and a slice of a block. A replay's header values and body are
-//! slices of one copy of the record's response (of the record's own bytes if allocated alone); a
-//! standard header's name is `http`'s constant.
+//! slices of the record's bytes (a standard header's name is `http`'s constant), which share the
+//! block's reference count: a replay allocates nothing for them.
 //! The head is the record without the response's headers and body; the rules every store shares
 //! ([`Record::is_forgotten`], [`Record::can_take_over`]) run on a `Record` built from it, which
 //! allocates nothing.
@@ -293,11 +293,8 @@ impl Slot {
     }
 
     /// The record as stored, its response (if completed) rebuilt from the bytes: the header values
-    /// and the body share one buffer, and a standard header's name is `http`'s constant. A
-    /// response cut from a block is copied out first (one short copy): a replay then neither keeps
-    /// the block alive while it is sent nor counts on the reference count every record of the
-    /// block shares, which replays on other cores would pull back and forth. A long one, allocated
-    /// alone, is shared as it is.
+    /// and the body share the record's bytes (and so its block, whose reference count a replay
+    /// takes and gives back), and a standard header's name is `http`'s constant.
     /// The bytes were packed from checked headers, so decoding them fails only if memory is
     /// damaged; it then reports the record corrupt, as every store does, rather than replay part
     /// of a response.
@@ -305,21 +302,15 @@ impl Slot {
         match self.head.state {
             HeadState::InFlight { .. } => Ok(self.head.view()),
             HeadState::Completed { .. } => {
-                let stored = self.bytes.get(self.key_end..).unwrap_or_default();
-                let own = if self.bytes.len() <= BLOCK_RECORD_MAX {
-                    Bytes::copy_from_slice(stored)
-                } else {
-                    self.bytes.slice_ref(stored)
-                };
-                let mut rest = &own[..];
+                let mut rest = self.bytes.get(self.key_end..).unwrap_or_default();
                 let count = take_len(&mut rest);
                 let mut headers = Vec::with_capacity(count.min(rest.len() / 8));
                 for _ in 0..count {
                     let name = take(&mut rest);
-                    let value = own.slice_ref(take(&mut rest));
+                    let value = self.bytes.slice_ref(take(&mut rest));
                     headers.push(crate::record::header(name, value).map_err(StoreError::corrupt)?);
                 }
-                Ok(self.head.record(headers, own.slice_ref(rest)))
+                Ok(self.head.record(headers, self.bytes.slice_ref(rest)))
             }
         }
     }
