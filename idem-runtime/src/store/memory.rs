@@ -774,6 +774,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_record_too_long_for_a_block_replays_as_one_cut_from_a_block_does() {
+        let store = MemoryStore::with_shards(1);
+        let response = |len: usize| StoredResponse {
+            status: 201,
+            headers: vec![(LOCATION, HeaderValue::from_static("/payments/1"))],
+            body: (0..len)
+                .map(|i| (i % 251) as u8)
+                .collect::<Vec<u8>>()
+                .into(),
+        };
+        let short = RecordKey::new("s", "short");
+        let long = RecordKey::new("s", "long");
+        let (short_response, long_response) = (response(16), response(BLOCK_RECORD_MAX + 1));
+        for (key, stored) in [(&short, &short_response), (&long, &long_response)] {
+            store.claim(&claim(key, 1, 0, 100)).await.unwrap();
+            store.complete(key, FencingToken(1), stored).await.unwrap();
+        }
+        for (key, stored) in [(&short, short_response), (&long, long_response)] {
+            match store.get(key, at(1)).await.unwrap().map(|r| r.state) {
+                Some(RecordState::Completed { response }) => assert_eq!(response, stored),
+                other => panic!("expected {key:?} completed, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn a_record_packs_and_unpacks_its_key_and_response() {
         let store = MemoryStore::with_shards(1);
         // The same bytes split differently between scope and key are two records. (Their hashes
