@@ -12,7 +12,10 @@
 //! | past `expires_at`, within retention | [`Rejection::Expired`] |
 //! | store error or timeout | [`Rejection::Unavailable`]: the handler never runs |
 //!
-//! See `docs/semantics.md` for the state diagram and the HTTP meaning of each outcome.
+//! A [`ClaimGuard`] keeps its claim alive while the handler runs ([`ClaimGuard::keep_alive`] renews
+//! the lease every third of it), and [`ClaimGuard::complete`] keeps trying to store the response
+//! until the store takes it. See `docs/semantics.md` for the state diagram and the HTTP meaning of
+//! each outcome.
 //!
 //! ```
 //! use idem_runtime::{Begin, Engine, Fingerprint, Policy, RecordKey, StoredResponse};
@@ -26,7 +29,9 @@
 //!
 //! match engine.begin(key.clone(), fp, &policy).await.unwrap() {
 //!     Begin::Execute(claim) => {
-//!         let response = StoredResponse { status: 201, headers: vec![], body: "created".into() };
+//!         // The work runs while the claim's lease is renewed.
+//!         let body = claim.keep_alive(async { "created" }).await;
+//!         let response = StoredResponse { status: 201, headers: vec![], body: body.into() };
 //!         claim.complete(&response).await.unwrap();
 //!     }
 //!     Begin::Replay(_) => unreachable!("a new key runs"),
@@ -42,40 +47,43 @@ use crate::fingerprint::Fingerprint;
 use crate::metrics::{Metrics, Outcome};
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::store::{Claim, ClaimOutcome, Store, StoreError};
+use crate::store::{Claim, ClaimOutcome, Store, StoreError, StoreErrorKind};
 use crate::wait::{DuplicateWait, Timers};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 /// The `Retry-After` hint of an in-flight conflict (see [`Rejection::InFlight`]).
 pub(crate) const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The idempotency engine: a store, a clock and counters. Cheap to clone.
+/// How long a failed completion waits before its next attempt, at first and at most.
+const COMPLETION_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+/// The idempotency engine: a store, a clock, counters and the set of handlers it runs. Cheap to
+/// clone.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
 }
 
-/// Aligned so that the `Arc`'s reference counts have a cache line to themselves: every request
-/// clones the engine out of the router state and drops it, on whichever core it runs, and those
-/// writes would otherwise evict the store and clock pointers every request reads from the other
-/// cores' caches. The counters keep lines of their own too (see [`Metrics`]).
-#[repr(align(128))]
+#[derive(Clone)]
 struct Inner {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     store_timeout: Option<Duration>,
     unavailable_retry_after: Duration,
+    /// The claimed handlers running detached ([`Engine::spawn`]), for [`Engine::shutdown`].
+    tasks: TaskTracker,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("store_timeout", &self.inner.store_timeout)
+            .field("running", &self.inner.tasks.len())
             .finish_non_exhaustive()
     }
 }
@@ -114,8 +122,8 @@ pub enum Rejection {
     #[error("a request with this Idempotency-Key is still being processed")]
     InFlight {
         /// A hint for `Retry-After`: one second. Not the lease's end: that bounds when a dead holder
-        /// can be taken over, not when a live one finishes, and a 30 s hint would push a client past
-        /// its own deadline. The retry then waits up to `wait` on the server for the original.
+        /// can be taken over, not when a live one finishes. The retry then waits up to `wait` on the
+        /// server for the original.
         retry_after: Duration,
     },
     /// The key is past its ttl. Decide whether to send the request again under a new key.
@@ -124,7 +132,8 @@ pub enum Rejection {
         /// When it expired.
         expired_at: Timestamp,
     },
-    /// The store could not be reached; nothing ran. Retry later with the same key.
+    /// The store could not be reached, had no free connection ([`StoreErrorKind::Busy`]), or the
+    /// engine is shutting down; nothing ran. Retry later with the same key.
     #[error("the idempotency store is unavailable")]
     Unavailable {
         /// A hint for `Retry-After`.
@@ -147,57 +156,39 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 clock: Arc::new(SystemClock),
-                metrics: Metrics::default(),
+                metrics: Arc::default(),
                 store_timeout: Some(Duration::from_secs(5)),
                 unavailable_retry_after: Duration::from_secs(1),
+                tasks: TaskTracker::new(),
             }),
         }
     }
 
-    fn rebuild(self, f: impl FnOnce(&mut Inner)) -> Self {
-        let old = match Arc::try_unwrap(self.inner) {
-            Ok(inner) => inner,
-            Err(shared) => Inner {
-                store: shared.store.clone(),
-                clock: shared.clock.clone(),
-                metrics: Metrics::default(),
-                store_timeout: shared.store_timeout,
-                unavailable_retry_after: shared.unavailable_retry_after,
-            },
-        };
-        let mut inner = old;
-        f(&mut inner);
-        Self {
-            inner: Arc::new(inner),
-        }
+    fn with(mut self, f: impl FnOnce(&mut Inner)) -> Self {
+        f(Arc::make_mut(&mut self.inner));
+        self
     }
 
     /// Uses `clock` for all record times (tests use [`ManualClock`](crate::clock::ManualClock)).
     pub fn with_clock(self, clock: impl Clock) -> Self {
-        self.rebuild(|i| i.clock = Arc::new(clock))
+        self.with(|i| i.clock = Arc::new(clock))
     }
 
     /// Bounds every store call; a call that takes longer counts as the store being unavailable.
     /// `None` disables the bound (do that under tokio's paused test clock with a store that does real
     /// I/O, or auto-advancing time will fire the timeout).
     pub fn with_store_timeout(self, timeout: Option<Duration>) -> Self {
-        self.rebuild(|i| i.store_timeout = timeout)
+        self.with(|i| i.store_timeout = timeout)
     }
 
     /// The `Retry-After` hint sent when the store is unavailable (default 1 s).
     pub fn with_unavailable_retry_after(self, after: Duration) -> Self {
-        self.rebuild(|i| i.unavailable_retry_after = after)
+        self.with(|i| i.unavailable_retry_after = after)
     }
 
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
-    }
-
-    /// The store, to call: a method called on the `Arc` itself would resolve to the `Store for
-    /// Arc<S>` impl, which boxes the store's future a second time on every call.
-    pub(crate) fn store_ref(&self) -> &dyn Store {
-        self.inner.store.as_ref()
     }
 
     /// The current time on the engine's clock.
@@ -210,70 +201,65 @@ impl Engine {
         &self.inner.metrics
     }
 
-    /// The bound on each store call, if any (transactional mode bounds its own calls with it).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub(crate) fn store_timeout(&self) -> Option<Duration> {
-        self.inner.store_timeout
-    }
-
-    /// The `Retry-After` hint for an unavailable store (the HTTP layer's failed-commit answer).
-    #[cfg(all(feature = "axum", any(feature = "sqlite", feature = "postgres")))]
-    pub(crate) fn unavailable_retry_after(&self) -> Duration {
+    /// The `Retry-After` hint for an unavailable store.
+    pub fn unavailable_retry_after(&self) -> Duration {
         self.inner.unavailable_retry_after
     }
 
+    /// Runs `work` as a task of its own, in the current tracing span, counted among the handlers
+    /// [`shutdown`](Self::shutdown) waits for. The HTTP layer runs every claimed handler this way,
+    /// so that a client hanging up cannot cancel it half-way.
+    pub fn spawn<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.inner
+            .tasks
+            .spawn(work.instrument(tracing::Span::current()))
+    }
+
+    /// Stops taking new claims (they are answered [`Rejection::Unavailable`], a 503 the client
+    /// retries elsewhere) and waits up to `grace` for the handlers already running, and their
+    /// completions, to finish. Returns whether they all did. Call it after the server stopped
+    /// accepting connections (axum's `with_graceful_shutdown`), before the process exits.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.inner.tasks.close();
+        tokio::time::timeout(grace, self.inner.tasks.wait())
+            .await
+            .is_ok()
+    }
+
     pub(crate) fn record(&self, outcome: Outcome, key: &RecordKey, policy: &Policy) {
-        self.inner.metrics.record(outcome);
+        self.inner.metrics.record(outcome, policy.handler);
+        let (outcome, handler) = (outcome.as_str(), policy.handler);
         match outcome {
-            Outcome::Executed | Outcome::Replayed | Outcome::Waited => tracing::debug!(
-                target: "idem", outcome = outcome.as_str(), handler = policy.handler,
-                scope = %key.scope, key = %key.key, "idempotency decision"
-            ),
-            Outcome::Unavailable | Outcome::CompletionFailed => tracing::warn!(
-                target: "idem", outcome = outcome.as_str(), handler = policy.handler,
-                scope = %key.scope, key = %key.key, "idempotency decision"
-            ),
-            _ => tracing::info!(
-                target: "idem", outcome = outcome.as_str(), handler = policy.handler,
-                scope = %key.scope, key = %key.key, "idempotency decision"
-            ),
+            "executed" | "replayed" | "waited" => tracing::debug!(target: "idem", outcome,
+                handler, scope = %key.scope, key = %key.key, "idempotency decision"),
+            "unavailable" | "busy" => tracing::warn!(target: "idem", outcome, handler,
+                scope = %key.scope, key = %key.key, "idempotency decision"),
+            _ => tracing::info!(target: "idem", outcome, handler, scope = %key.scope,
+                key = %key.key, "idempotency decision"),
         }
     }
 
-    /// Runs one store call under the engine's store timeout. The timer is armed only once the call
-    /// has to wait: a call that is ready when first polled never touches tokio's timer wheel. It is
-    /// boxed when armed: only a store that answers later arms it (a network round trip, beside
-    /// which one allocation is nothing), and inline its 112 bytes would be part of every request's
-    /// future. A store that answers on the spot (the memory store, through [`Store::claim_now`]
-    /// and [`Store::complete_now`]) is not called through here: it has nothing to wait for.
-    ///
-    /// A plain function around an `async move` block, so that `self` is not kept in the future.
-    #[allow(clippy::manual_async_fn)]
-    pub(crate) fn call<T>(
+    /// Runs one store call under the engine's store timeout.
+    pub(crate) async fn call<T>(
         &self,
+        op: &'static str,
         fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> impl Future<Output = Result<T, StoreError>> {
-        let limit = self.inner.store_timeout;
-        async move {
-            let Some(limit) = limit else {
-                return fut.await;
-            };
-            let mut fut = std::pin::pin!(fut);
-            let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
-            std::future::poll_fn(move |cx| {
-                if let Poll::Ready(result) = fut.as_mut().poll(cx) {
-                    return Poll::Ready(result);
-                }
-                let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-                match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(StoreError::unavailable(format!(
-                        "no answer within the store timeout ({limit:?})"
-                    )))),
-                    Poll::Pending => Poll::Pending,
-                }
-            })
-            .await
-        }
+    ) -> Result<T, StoreError> {
+        let started = std::time::Instant::now();
+        let result = match self.inner.store_timeout {
+            Some(limit) => tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+                Err(StoreError::unavailable(format!(
+                    "no answer within the store timeout ({limit:?})"
+                )))
+            }),
+            None => fut.await,
+        };
+        self.inner.metrics.store_call(op, started.elapsed());
+        result
     }
 
     pub(crate) fn unavailable(
@@ -282,7 +268,11 @@ impl Engine {
         key: &RecordKey,
         policy: &Policy,
     ) -> Rejection {
-        self.record(Outcome::Unavailable, key, policy);
+        let outcome = match source.kind() {
+            StoreErrorKind::Busy => Outcome::Busy,
+            _ => Outcome::Unavailable,
+        };
+        self.record(outcome, key, policy);
         tracing::warn!(target: "idem", error = %source, "idempotency store call failed");
         Rejection::Unavailable {
             retry_after: self.inner.unavailable_retry_after,
@@ -292,33 +282,19 @@ impl Engine {
 
     /// Decides what to do with one request: claim the key and run, replay, or reject. Waits up to
     /// `policy.wait` for an identical in-flight request, woken by its completion.
-    pub fn begin<'a>(
-        &'a self,
-        key: RecordKey,
-        fingerprint: Fingerprint,
-        policy: &'a Policy,
-    ) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
-        begin_with(self, key, fingerprint, policy, Timers::Tokio)
-    }
-
-    /// [`begin`](Self::begin) on an engine the caller gives away: the claim takes it over instead of
-    /// a clone (the HTTP layer's request owns the engine it took from the router state, and needs it
-    /// no longer once the decision is made).
-    #[cfg(feature = "axum")]
-    pub(crate) fn begin_owned(
-        self,
+    pub async fn begin(
+        &self,
         key: RecordKey,
         fingerprint: Fingerprint,
         policy: &Policy,
-    ) -> impl Future<Output = Result<Begin, Rejection>> + '_ {
-        begin_with(self, key, fingerprint, policy, Timers::Tokio)
+    ) -> Result<Begin, Rejection> {
+        self.begin_with(key, fingerprint, policy, Timers::Tokio)
+            .await
     }
 
     /// [`begin`](Self::begin) with time standing still: a duplicate waits until the store wakes it,
-    /// however long that takes (never at a lease end or at `policy.wait`, which must not be zero).
-    /// Only the loom models (`tests/loom.rs`) use it, on an engine built
-    /// [`with_store_timeout(None)`](Self::with_store_timeout): loom cannot drive tokio's timers, and
-    /// without them a lost wake-up shows as a deadlock instead of a late timer.
+    /// however long that takes. Only the loom models (`tests/loom.rs`) use it: loom cannot drive
+    /// tokio's timers, and without them a lost wake-up shows as a deadlock instead of a late timer.
     #[cfg(loom)]
     #[doc(hidden)]
     pub async fn begin_without_timers(
@@ -328,88 +304,55 @@ impl Engine {
         policy: &Policy,
     ) -> Result<Begin, Rejection> {
         let frozen = Timers::Frozen(tokio::time::Instant::from_std(std::time::Instant::now()));
-        begin_with(self, key, fingerprint, policy, frozen).await
-    }
-}
-
-/// The engine a decision is made on: borrowed ([`Engine::begin`]; the claim gets a clone) or owned
-/// ([`Engine::begin_owned`]; the claim gets it).
-trait EngineHandle {
-    fn engine(&self) -> &Engine;
-    fn into_engine(self) -> Engine;
-}
-
-impl EngineHandle for &Engine {
-    fn engine(&self) -> &Engine {
-        self
+        self.begin_with(key, fingerprint, policy, frozen).await
     }
 
-    fn into_engine(self) -> Engine {
-        self.clone()
-    }
-}
-
-impl EngineHandle for Engine {
-    fn engine(&self) -> &Engine {
-        self
-    }
-
-    fn into_engine(self) -> Engine {
-        self
-    }
-}
-
-/// [`Engine::begin`] on `handle`'s engine. A plain function around an `async move` block, not an
-/// `async fn`: an `async fn` keeps its arguments twice in its future (as arguments and as locals),
-/// and this future is part of every request's.
-///
-/// The duplicate's wait bound (`policy.wait`) starts when the key is first found in flight, so a
-/// request that claims or replays never reads tokio's clock.
-#[allow(clippy::manual_async_fn)]
-fn begin_with<'a, H: EngineHandle + 'a>(
-    handle: H,
-    key: RecordKey,
-    fingerprint: Fingerprint,
-    policy: &'a Policy,
-    timers: Timers,
-) -> impl Future<Output = Result<Begin, Rejection>> + 'a {
-    async move {
+    /// The duplicate's wait bound (`policy.wait`) starts when the key is first found in flight.
+    async fn begin_with(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        timers: Timers,
+    ) -> Result<Begin, Rejection> {
+        if self.inner.tasks.is_closed() {
+            let closing = StoreError::unavailable("the service is shutting down");
+            return Err(self.unavailable(closing, &key, policy));
+        }
+        let store = self.inner.store.as_ref();
         let mut deadline = None;
         let mut wait = DuplicateWait::default();
         loop {
-            let engine = handle.engine();
-            let now = engine.inner.clock.now();
+            let now = self.now();
             let claim = Claim::fresh(&key, fingerprint, now, policy);
-            let store = engine.store_ref();
-            let answer = match store.claim_now(&claim) {
-                Some(answer) => answer,
-                None => engine.call(store.claim(&claim)).await,
-            };
-            let found = match answer {
+            let found = match self.call("claim", store.claim(&claim)).await {
                 Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    engine.record(Outcome::of_claim(taken_over), &key, policy);
+                    self.record(Outcome::of_claim(taken_over), &key, policy);
                     return Ok(Begin::Execute(ClaimGuard {
-                        engine: handle.into_engine(),
-                        expires_at: claim.expires_at,
+                        engine: self.clone(),
+                        fingerprint,
                         token: claim.token,
+                        expires_at: claim.expires_at,
+                        retain_until: claim.retain_until,
+                        lease: policy.lease,
                         key,
                         taken_over,
-                        armed: true,
                         handler: policy.handler,
+                        settled: false,
                     }));
                 }
                 Ok(ClaimOutcome::Existing(record)) => record,
-                Err(e) => return Err(engine.unavailable(e, &key, policy)),
+                Err(e) => return Err(self.unavailable(e, &key, policy)),
             };
             match classify(found, fingerprint, now) {
                 Found::Expired { expires_at } => {
-                    engine.record(Outcome::Expired, &key, policy);
+                    self.record(Outcome::Expired, &key, policy);
                     return Err(Rejection::Expired {
                         expired_at: expires_at,
                     });
                 }
                 Found::Mismatch { expires_at } => {
-                    engine.record(Outcome::Mismatch, &key, policy);
+                    self.record(Outcome::Mismatch, &key, policy);
                     return Err(Rejection::Mismatch { expires_at });
                 }
                 Found::Completed {
@@ -417,31 +360,28 @@ fn begin_with<'a, H: EngineHandle + 'a>(
                     expires_at,
                 } => {
                     if wait.waited() {
-                        engine.record(Outcome::Waited, &key, policy);
+                        self.record(Outcome::Waited, &key, policy);
                     }
-                    engine.record(Outcome::Replayed, &key, policy);
+                    self.record(Outcome::Replayed, &key, policy);
                     return Ok(Begin::Replay(Replay {
                         response,
                         expires_at,
                     }));
                 }
                 Found::InFlight { lease_until } => {
-                    let lease_left = now.until(lease_until);
                     let at = timers.now();
                     let deadline = *deadline.get_or_insert(at + policy.wait);
                     if at >= deadline {
-                        engine.record(Outcome::Conflict, &key, policy);
+                        self.record(Outcome::Conflict, &key, policy);
                         return Err(Rejection::InFlight {
                             retry_after: IN_FLIGHT_RETRY_AFTER,
                         });
                     }
                     // Wake on completion or release, when the lease runs out (takeover), or at
                     // the deadline; never on a polling tick.
-                    let wake = deadline.min(at + lease_left);
-                    // Boxed: waiting is the rare path, and its timers and subscription inline would
-                    // make every request's future (and the allocation axum boxes it in) larger.
-                    if let Err(e) = Box::pin(wait.step(engine, store, &key, wake, timers)).await {
-                        return Err(engine.unavailable(e, &key, policy));
+                    let wake = deadline.min(at + now.until(lease_until));
+                    if let Err(e) = wait.step(self, store, &key, wake, timers).await {
+                        return Err(self.unavailable(e, &key, policy));
                     }
                 }
             }
@@ -466,8 +406,7 @@ pub(crate) enum Found {
 }
 
 /// The order matters: an expired key is dead whatever it held; a different request never sees the
-/// original's response or waits for it. Takes the record by value so that a replay moves the stored
-/// response out instead of cloning it.
+/// original's response or waits for it.
 pub(crate) fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
     let expires_at = record.expires_at;
     if now >= expires_at {
@@ -485,18 +424,27 @@ pub(crate) fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp)
     }
 }
 
-/// The right to run the handler for one key. Complete it with the response, or release it so that a
-/// retry runs again. Dropped without either (a panic, a cancelled request), it releases the claim in
-/// the background, so a retry does not wait for the lease.
+/// The right to run the handler for one key. Run the work under [`keep_alive`](Self::keep_alive),
+/// then [`complete`](Self::complete) with the response, or [`release`](Self::release) so that a
+/// retry runs again.
+///
+/// Dropped without either while a panic unwinds, it releases the claim in the background. Dropped
+/// otherwise (its task aborted, the process stopping) it is left to its lease, as after a crash:
+/// the work may have had effects, so a retry takes the key over only once the lease has run out,
+/// and sees [`taken_over`](Self::taken_over).
 #[derive(Debug)]
 pub struct ClaimGuard {
     engine: Engine,
     key: RecordKey,
+    fingerprint: Fingerprint,
     token: FencingToken,
     expires_at: Timestamp,
+    retain_until: Timestamp,
+    lease: Duration,
     taken_over: bool,
-    armed: bool,
     handler: &'static str,
+    /// Completed or released: nothing is left to do on drop.
+    settled: bool,
 }
 
 impl ClaimGuard {
@@ -515,66 +463,181 @@ impl ClaimGuard {
         self.expires_at
     }
 
-    /// Whether this claim took over a dead worker's.
+    /// Whether this claim took over the claim of a worker that stopped renewing it (crashed, or
+    /// cut off from the store for a whole lease). Its work may have had effects: pass
+    /// [`downstream_key`](Self::downstream_key) to every service that accepts an idempotency key.
     pub fn taken_over(&self) -> bool {
         self.taken_over
     }
 
-    /// Stores `response` for replay and wakes waiting duplicates. Fails with
-    /// [`StoreErrorKind::Fenced`](crate::store::StoreErrorKind::Fenced) if the lease ran out and
-    /// another request took the key over; the response is then not stored.
-    pub fn complete(
-        mut self,
-        response: &StoredResponse,
-    ) -> impl Future<Output = Result<(), StoreError>> + '_ {
-        self.armed = false;
-        async move {
-            let store = self.engine.store_ref();
-            let result = match store.complete_now(&self.key, self.token, response) {
-                Some(result) => result,
-                None => {
-                    self.engine
-                        .call(store.complete(&self.key, self.token, response))
-                        .await
+    /// A key for the services this work calls, the same on every attempt at this request: see
+    /// [`RecordKey::downstream_key`].
+    pub fn downstream_key(&self) -> String {
+        self.key.downstream_key()
+    }
+
+    /// Runs `work` while renewing this claim's lease every third of it, so that a duplicate never
+    /// takes over a claim whose work is still running, however long it takes. Renewal stops if the
+    /// claim was taken over meanwhile (the store refuses it); a renewal the store fails to answer is
+    /// logged and tried again at the next tick.
+    pub async fn keep_alive<F: Future>(&self, work: F) -> F::Output {
+        let every = (self.lease / 3).max(Duration::from_millis(1));
+        let renewing = async {
+            let mut holding = true;
+            loop {
+                tokio::time::sleep(every).await;
+                if holding {
+                    holding = self.renew().await;
                 }
-            };
-            self.completed(result)
+            }
+        };
+        tokio::select! {
+            biased;
+            out = work => out,
+            () = renewing => unreachable!("renewal never ends"),
         }
     }
 
-    fn completed(&self, result: Result<(), StoreError>) -> Result<(), StoreError> {
+    /// One renewal; false once the claim is lost for good.
+    async fn renew(&self) -> bool {
+        let engine = &self.engine;
+        let lease_until = engine.now() + self.lease;
+        let store = engine.inner.store.as_ref();
+        match engine
+            .call("renew", store.renew(&self.key, self.token, lease_until))
+            .await
+        {
+            Ok(()) => {
+                engine.inner.metrics.record(Outcome::Renewed, self.handler);
+                true
+            }
+            Err(e) if e.kind() == StoreErrorKind::Fenced => self.reclaim().await,
+            Err(e) => {
+                tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
+                    key = %self.key.key, error = %e, "could not renew the claim's lease");
+                true
+            }
+        }
+    }
+
+    /// The store no longer has this claim. If its record vanished (a store that lost its data),
+    /// claims it again under the same token and returns true; if another claim holds the key
+    /// (this one was taken over after its lease ran out), returns false.
+    async fn reclaim(&self) -> bool {
+        let engine = &self.engine;
+        let now = engine.now();
+        let claim = Claim {
+            key: &self.key,
+            fingerprint: self.fingerprint,
+            token: self.token,
+            now,
+            lease_until: now + self.lease,
+            expires_at: self.expires_at,
+            retain_until: self.retain_until,
+        };
+        let store = engine.inner.store.as_ref();
+        match engine.call("claim", store.claim(&claim)).await {
+            Ok(ClaimOutcome::Claimed { .. }) => {
+                tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
+                    key = %self.key.key, "the store lost a running claim's record; claimed it again");
+                true
+            }
+            Ok(ClaimOutcome::Existing(_)) => {
+                tracing::error!(target: "idem", handler = self.handler, scope = %self.key.scope,
+                    key = %self.key.key, "the claim was taken over while its work was running (its lease could not be renewed)");
+                false
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// One attempt to store `response` for replay, waking waiting duplicates. On a failure the
+    /// claim is kept, neither completed nor released: call it again, or [`complete`](Self::complete).
+    /// Fails with [`StoreErrorKind::Fenced`] if another request took the key over.
+    pub async fn try_complete(&self, response: &StoredResponse) -> Result<(), StoreError> {
+        let engine = &self.engine;
+        let store = engine.inner.store.as_ref();
+        let complete = || store.complete(&self.key, self.token, response);
+        let mut result = engine.call("complete", complete()).await;
+        if result.as_ref().is_err_and(|e| e.kind() == StoreErrorKind::Fenced)
+            && self.reclaim().await
+        {
+            result = engine.call("complete", complete()).await;
+        }
         if let Err(e) = &result {
-            self.engine.inner.metrics.record(Outcome::CompletionFailed);
+            engine
+                .inner
+                .metrics
+                .record(Outcome::CompletionFailed, self.handler);
             tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
                 key = %self.key.key, error = %e, "response could not be stored");
         }
         result
     }
 
+    /// Stores `response` for replay, retrying with backoff while the store is unavailable and
+    /// keeping the lease alive meanwhile, until it lands. The work has had its effects, so its
+    /// response must not be lost to a blip: if the process stops before it lands, the record stays
+    /// in flight until its lease runs out and a retry then takes it over. Fails only if another
+    /// request took the key over ([`StoreErrorKind::Fenced`]) or the record is corrupt.
+    pub async fn complete(mut self, response: &StoredResponse) -> Result<(), StoreError> {
+        let result = self
+            .keep_alive(async {
+                let mut backoff = COMPLETION_BACKOFF.0;
+                loop {
+                    match self.try_complete(response).await {
+                        Err(e) if matches!(
+                            e.kind(),
+                            StoreErrorKind::Unavailable | StoreErrorKind::Busy
+                        ) =>
+                        {
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(COMPLETION_BACKOFF.1);
+                        }
+                        result => return result,
+                    }
+                }
+            })
+            .await;
+        self.settled = true;
+        result
+    }
+
+    /// Marks the claim as settled elsewhere (completed in a transaction, or given up): nothing is
+    /// left to do when it is dropped.
+    pub(crate) fn settle(mut self) {
+        self.settled = true;
+    }
+
     /// Gives the key up: the record is deleted and the next request with this key runs the handler.
-    pub fn release(mut self) -> impl Future<Output = Result<(), StoreError>> {
-        self.armed = false;
-        self.engine.inner.metrics.record(Outcome::Released);
-        async move {
-            self.engine
-                .call(self.engine.store_ref().release(&self.key, self.token))
-                .await
-        }
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        self.settled = true;
+        self.engine
+            .inner
+            .metrics
+            .record(Outcome::Released, self.handler);
+        let store = self.engine.inner.store.as_ref();
+        self.engine
+            .call("release", store.release(&self.key, self.token))
+            .await
     }
 }
 
 impl Drop for ClaimGuard {
     fn drop(&mut self) {
-        if !self.armed {
+        if self.settled || !std::thread::panicking() {
             return;
         }
-        self.engine.inner.metrics.record(Outcome::Released);
+        self.engine
+            .inner
+            .metrics
+            .record(Outcome::Released, self.handler);
         let store = self.engine.inner.store.clone();
         let key = std::mem::replace(&mut self.key, RecordKey::new("", ""));
         let token = self.token;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                if let Err(e) = store.as_ref().release(&key, token).await {
+                if let Err(e) = store.release(&key, token).await {
                     tracing::debug!(target: "idem", error = %e, "background release failed; the lease will run out");
                 }
             });
@@ -601,6 +664,13 @@ mod tests {
         }
     }
 
+    fn tokio_clock() -> TokioClock {
+        TokioClock {
+            base: Timestamp::from_millis(1_000_000),
+            start: Instant::now(),
+        }
+    }
+
     fn fp() -> Fingerprint {
         Fingerprint::of_request("POST", "/x", None, b"x")
     }
@@ -617,63 +687,6 @@ mod tests {
         while store.waiting_keys() == 0 {
             tokio::task::yield_now().await;
         }
-    }
-
-    /// A store that answers claims and completions only on the spot: its `claim` and `complete`
-    /// fail, so a request that succeeds went through `claim_now` and `complete_now`.
-    struct OnTheSpot(MemoryStore);
-
-    #[async_trait::async_trait]
-    impl Store for OnTheSpot {
-        async fn claim(&self, _: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-            Err(StoreError::unavailable("claim called"))
-        }
-        fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
-            self.0.claim_now(claim)
-        }
-        async fn complete(
-            &self,
-            _: &RecordKey,
-            _: FencingToken,
-            _: &StoredResponse,
-        ) -> Result<(), StoreError> {
-            Err(StoreError::unavailable("complete called"))
-        }
-        fn complete_now(
-            &self,
-            key: &RecordKey,
-            token: FencingToken,
-            response: &StoredResponse,
-        ) -> Option<Result<(), StoreError>> {
-            self.0.complete_now(key, token, response)
-        }
-        async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-            self.0.release(key, token).await
-        }
-        async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-            self.0.get(key, now).await
-        }
-        fn subscribe(&self, key: &RecordKey) -> crate::store::Subscription {
-            self.0.subscribe(key)
-        }
-    }
-
-    #[tokio::test]
-    async fn a_store_that_answers_on_the_spot_is_called_on_the_spot() {
-        let engine = Engine::new(OnTheSpot(MemoryStore::new()));
-        let policy = Policy::new();
-        let key = RecordKey::new("s", "k");
-        let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp(), &policy).await else {
-            panic!("the first request executes")
-        };
-        guard
-            .complete(&response())
-            .await
-            .expect("completed on the spot");
-        let Ok(Begin::Replay(replay)) = engine.begin(key, fp(), &policy).await else {
-            panic!("the retry replays")
-        };
-        assert_eq!(replay.response.body, response().body);
     }
 
     #[tokio::test(start_paused = true)]
@@ -705,11 +718,7 @@ mod tests {
     async fn a_waiting_duplicate_takes_over_when_the_lease_runs_out() {
         let store = Arc::new(MemoryStore::new());
         let start = Instant::now();
-        let clock = TokioClock {
-            base: Timestamp::from_millis(1_000_000),
-            start,
-        };
-        let engine = Engine::from_arc(store.clone()).with_clock(clock);
+        let engine = Engine::from_arc(store.clone()).with_clock(tokio_clock());
         let policy = Policy::new()
             .lease(Duration::from_secs(5))
             .wait(Duration::from_secs(60));
@@ -717,13 +726,43 @@ mod tests {
         let Ok(Begin::Execute(dead)) = engine.begin(key.clone(), fp(), &policy).await else {
             panic!("first request executes")
         };
-        std::mem::forget(dead); // the worker dies without releasing
+        drop(dead); // the worker stops without releasing (not a panic): left to its lease
         let Ok(Begin::Execute(heir)) = engine.begin(key, fp(), &policy).await else {
             panic!("the duplicate takes over")
         };
         assert!(heir.taken_over());
         // It woke exactly when the lease ran out, not at the 60 s bound and not on a polling tick.
         assert_eq!(start.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_kept_alive_is_never_taken_over_however_long_the_work() {
+        let store = Arc::new(MemoryStore::new());
+        let engine = Engine::from_arc(store.clone()).with_clock(tokio_clock());
+        let policy = Policy::new()
+            .lease(Duration::from_secs(3))
+            .wait(Duration::from_secs(1));
+        let key = RecordKey::new("s", "k");
+        let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp(), &policy).await else {
+            panic!("first request executes")
+        };
+        let duplicates = async {
+            let mut conflicts = 0;
+            // Ten leases long: a duplicate every 1.5 s finds the key held every time.
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                match engine.begin(key.clone(), fp(), &policy).await {
+                    Err(Rejection::InFlight { .. }) => conflicts += 1,
+                    other => panic!("a duplicate got {other:?} while the work ran"),
+                }
+            }
+            conflicts
+        };
+        let conflicts = guard.keep_alive(duplicates).await;
+        assert_eq!(conflicts, 20);
+        assert!(engine.metrics().get(Outcome::Renewed) >= 20);
+        guard.complete(&response()).await.expect("still held");
+        assert_eq!(engine.metrics().get(Outcome::TakenOver), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -744,5 +783,60 @@ mod tests {
         }
         assert_eq!(start.elapsed(), Duration::from_secs(3));
         assert_eq!(engine.metrics().get(Outcome::Conflict), 1);
+    }
+
+    #[tokio::test]
+    async fn a_panic_releases_the_claim() {
+        let store = Arc::new(MemoryStore::new());
+        let engine = Engine::from_arc(store.clone());
+        let policy = Policy::new();
+        let key = RecordKey::new("s", "k");
+        let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp(), &policy).await else {
+            panic!("first request executes")
+        };
+        let panicked = engine
+            .spawn(async move {
+                let _guard = guard;
+                panic!("the handler panics");
+            })
+            .await;
+        assert!(panicked.is_err());
+        // The release runs in the background; wait for the key to be free.
+        while store.get(&key, engine.now()).await.unwrap().is_some() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            engine.begin(key, fp(), &policy).await,
+            Ok(Begin::Execute(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_running_work_and_refuses_new_claims() {
+        let engine = Engine::new(MemoryStore::new());
+        let policy = Policy::new();
+        let Ok(Begin::Execute(guard)) = engine.begin(RecordKey::new("s", "a"), fp(), &policy).await
+        else {
+            panic!("first request executes")
+        };
+        let (go, gate) = tokio::sync::oneshot::channel::<()>();
+        let running = engine.spawn(async move {
+            let _ = gate.await;
+            guard.complete(&response()).await
+        });
+        let stopping = engine.clone();
+        let stopped = tokio::spawn(async move { stopping.shutdown(Duration::from_secs(60)).await });
+        // Closing is immediate: a new key is refused while the running work still holds its own.
+        while !engine.inner.tasks.is_closed() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            engine.begin(RecordKey::new("s", "b"), fp(), &policy).await,
+            Err(Rejection::Unavailable { .. })
+        ));
+        assert!(!stopped.is_finished());
+        go.send(()).expect("the work waits");
+        assert!(stopped.await.expect("shutdown"), "the work finished");
+        running.await.expect("join").expect("completed");
     }
 }

@@ -2,45 +2,57 @@
 //!
 //! Every [`Engine`](crate::Engine) owns a [`Metrics`]; read it with
 //! [`Engine::metrics`](crate::Engine::metrics) and [`Metrics::snapshot`]. The counters only grow.
+//!
+//! With the `metrics` feature, every count also goes to the [`metrics`](https://docs.rs/metrics)
+//! facade, so any exporter (Prometheus, StatsD, ...) sees it:
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `idem_requests_total` | counter | `handler`, `outcome` | every [`Outcome`], by its [name](Outcome::as_str) |
+//! | `idem_store_duration_seconds` | histogram | `op` | each store call: `claim`, `complete`, `release`, `renew`, `get`, `announce` |
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-/// One kind of decision.
+/// What happened to a request (or to its claim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Outcome {
-    /// A new key: the handler ran.
+    /// The handler ran for a fresh key.
     Executed,
-    /// A dead worker's claim was taken over and the handler ran again.
+    /// The handler ran after taking over a claim whose lease ran out.
     TakenOver,
     /// A stored response was replayed.
     Replayed,
-    /// A duplicate waited for the in-flight original (it then replayed or got a conflict).
+    /// A duplicate waited for the original and then replayed (also counted as `Replayed`).
     Waited,
-    /// Same key, different request: 422.
+    /// The key was used for a different request (422).
     Mismatch,
-    /// Still in flight when the wait ran out: 409.
+    /// The original was still running at the end of the wait (409).
     Conflict,
-    /// The key expired: 410.
+    /// The key was past its ttl (410).
     Expired,
-    /// The store could not be reached: 503.
+    /// The store failed or timed out; the handler did not run (503).
     Unavailable,
-    /// The handler failed (5xx, panic, cancellation) and the claim was released.
+    /// The store had no free connection; the handler did not run (503).
+    Busy,
+    /// A claim was given up (a 5xx or a panic) so that a retry runs again.
     Released,
-    /// The response could not be stored (the claim stays until its lease runs out).
+    /// A running claim's lease was renewed.
+    Renewed,
+    /// An attempt to store a response failed (it is retried until it lands).
     CompletionFailed,
-    /// No key, and the policy let the request through unprotected.
+    /// A request without a key ran unprotected (`missing_key = "pass"`).
     MissingKeyPassed,
-    /// No key, and the policy rejected the request: 400.
+    /// A request without a key was refused (400).
     MissingKeyRejected,
-    /// No key, and the policy derived one from the request.
+    /// A key was derived from the request (`missing_key = "derive"`).
     KeyDerived,
-    /// A malformed key: 400.
+    /// The key was malformed (400).
     MalformedKey,
 }
 
 impl Outcome {
-    /// The outcome of a successful claim: a fresh execution, or a takeover of a dead worker's claim.
     pub(crate) fn of_claim(taken_over: bool) -> Self {
         if taken_over {
             Outcome::TakenOver
@@ -49,8 +61,8 @@ impl Outcome {
         }
     }
 
-    /// Every outcome, in a stable order.
-    pub const ALL: [Outcome; 14] = [
+    /// Every outcome, in [`Metrics::snapshot`]'s order.
+    pub const ALL: [Outcome; 16] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Replayed,
@@ -59,7 +71,9 @@ impl Outcome {
         Outcome::Conflict,
         Outcome::Expired,
         Outcome::Unavailable,
+        Outcome::Busy,
         Outcome::Released,
+        Outcome::Renewed,
         Outcome::CompletionFailed,
         Outcome::MissingKeyPassed,
         Outcome::MissingKeyRejected,
@@ -67,7 +81,7 @@ impl Outcome {
         Outcome::MalformedKey,
     ];
 
-    /// A stable snake_case name, for metric labels and log fields.
+    /// The name used in logs, snapshots and the `outcome` label.
     pub const fn as_str(self) -> &'static str {
         match self {
             Outcome::Executed => "executed",
@@ -78,7 +92,9 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Expired => "expired",
             Outcome::Unavailable => "unavailable",
+            Outcome::Busy => "busy",
             Outcome::Released => "released",
+            Outcome::Renewed => "renewed",
             Outcome::CompletionFailed => "completion_failed",
             Outcome::MissingKeyPassed => "missing_key_passed",
             Outcome::MissingKeyRejected => "missing_key_rejected",
@@ -86,92 +102,43 @@ impl Outcome {
             Outcome::MalformedKey => "malformed_key",
         }
     }
-
-    const fn index(self) -> usize {
-        self as usize
-    }
 }
 
-/// Decision counters.
-///
-/// Every request of every handler on an engine counts once, so one counter per outcome would be
-/// a cache line that each core takes from the others on each request. The counts are split into
-/// [`STRIPES`] lines instead, a thread writing to its own (chosen once per thread, round robin),
-/// and a read sums them.
+/// The decision counters of one engine.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    stripes: [Stripe; STRIPES],
-}
-
-/// How many lines the counters are split into: threads beyond this many share lines.
-const STRIPES: usize = 8;
-
-/// One thread's share of the counters, on cache lines of its own (128 bytes: the adjacent-line
-/// prefetcher pairs 64-byte lines).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Stripe([AtomicU64; Outcome::ALL.len()]);
-
-/// The stripe this thread counts in.
-fn stripe() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-    }
-    // A thread being torn down (a counter bumped from a thread-local's destructor) uses the first.
-    STRIPE.try_with(|s| *s).unwrap_or(0)
+    counts: [AtomicU64; Outcome::ALL.len()],
 }
 
 impl Metrics {
-    /// Counts one `outcome`.
-    pub fn record(&self, outcome: Outcome) {
-        self.stripes[stripe()].0[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    /// Counts `outcome` for the handler named `handler`.
+    pub fn record(&self, outcome: Outcome, handler: &'static str) {
+        self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!("idem_requests_total", "handler" => handler, "outcome" => outcome.as_str())
+            .increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = handler;
+    }
+
+    /// Records how long one store call took.
+    pub(crate) fn store_call(&self, op: &'static str, took: Duration) {
+        #[cfg(feature = "metrics")]
+        ::metrics::histogram!("idem_store_duration_seconds", "op" => op).record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = (op, took);
     }
 
     /// How many times `outcome` was counted.
     pub fn get(&self, outcome: Outcome) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s.0[outcome.index()].load(Ordering::Relaxed))
-            .sum()
+        self.counts[outcome as usize].load(Ordering::Relaxed)
     }
 
-    /// Every counter, with its name.
-    ///
-    /// ```
-    /// use idem_runtime::metrics::{Metrics, Outcome};
-    /// let m = Metrics::default();
-    /// m.record(Outcome::Replayed);
-    /// assert!(m.snapshot().contains(&("replayed", 1)));
-    /// ```
+    /// Every counter by name, in [`Outcome::ALL`]'s order.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
         Outcome::ALL
             .iter()
             .map(|o| (o.as_str(), self.get(*o)))
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_from_more_threads_than_stripes_add_up() {
-        let metrics = Metrics::default();
-        let threads = 3 * STRIPES + 1;
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| {
-                    for _ in 0..100 {
-                        metrics.record(Outcome::Executed);
-                    }
-                    metrics.record(Outcome::Replayed);
-                });
-            }
-        });
-        assert_eq!(metrics.get(Outcome::Executed), 100 * threads as u64);
-        assert_eq!(metrics.get(Outcome::Replayed), threads as u64);
-        assert_eq!(metrics.get(Outcome::Mismatch), 0);
     }
 }

@@ -45,6 +45,19 @@ pub enum ReplayMode {
     Minimal,
 }
 
+/// What a 5xx response from the handler does to its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerErrors {
+    /// Release the key: the 5xx is not stored and a retry runs the handler again (the default).
+    /// Right when a 5xx means the handler failed before its effect.
+    Release,
+    /// Store the 5xx and replay it like any other status. Right when a 5xx may come after the
+    /// effect happened (a timeout from a downstream service that may have acted), so that a retry
+    /// must not run the handler again.
+    Store,
+}
+
 /// The idempotency policy of one handler (or one family of handlers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -67,6 +80,8 @@ pub struct Policy {
     pub reject_after_ms: Option<i64>,
     /// What a replay returns.
     pub replay: ReplayMode,
+    /// Whether a 5xx releases the key or is stored.
+    pub server_errors: ServerErrors,
     /// The largest response body stored; larger bodies are stored as in [`ReplayMode::Minimal`].
     pub max_stored_body: usize,
     /// The largest request body accepted (413 beyond).
@@ -112,6 +127,7 @@ impl Policy {
             derive_window: Duration::from_secs(10),
             reject_after_ms: None,
             replay: ReplayMode::Full,
+            server_errors: ServerErrors::Release,
             max_stored_body: 64 * 1024,
             max_request_body: 1024 * 1024,
             replay_headers: &[],
@@ -167,6 +183,12 @@ impl Policy {
     /// Sets the replay mode.
     pub const fn replay(mut self, replay: ReplayMode) -> Self {
         self.replay = replay;
+        self
+    }
+
+    /// Whether a 5xx from the handler releases the key (the default) or is stored and replayed.
+    pub const fn server_errors(mut self, server_errors: ServerErrors) -> Self {
+        self.server_errors = server_errors;
         self
     }
 

@@ -24,6 +24,31 @@ impl RecordKey {
             key: key.into(),
         }
     }
+
+    /// A key to pass on to the services this request's handler calls (a payment provider's own
+    /// `Idempotency-Key`, a message id): the same for every attempt at this request, whichever
+    /// instance runs it and however often it is taken over, and different for every other scope or
+    /// key. It is `idem_` and 32 hex digits of a SHA-256 over the scope and the key, so it reveals
+    /// neither and fits every provider's limit.
+    ///
+    /// ```
+    /// use idem_runtime::RecordKey;
+    /// let key = RecordKey::new("user-7", "order-42");
+    /// assert_eq!(key.downstream_key(), RecordKey::new("user-7", "order-42").downstream_key());
+    /// assert_ne!(key.downstream_key(), RecordKey::new("user-8", "order-42").downstream_key());
+    /// assert_eq!(key.downstream_key().len(), 37);
+    /// ```
+    pub fn downstream_key(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"idem downstream key\0")
+            .chain_update((self.scope.len() as u64).to_be_bytes())
+            .chain_update(&self.scope)
+            .chain_update(&self.key)
+            .finalize();
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("idem_{hex}")
+    }
 }
 
 impl fmt::Display for RecordKey {

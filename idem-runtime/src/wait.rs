@@ -45,7 +45,7 @@ impl DuplicateWait {
             if self.subscription.is_none() {
                 self.subscription = Some(store.subscribe(key));
             }
-            engine.call(store.announce_waiter(key)).await?;
+            engine.call("announce", store.announce_waiter(key)).await?;
             self.armed = true;
             return Ok(());
         }

@@ -112,6 +112,7 @@
 //! and `key` (never bodies; a malformed key's value is not logged). The counters are in
 //! [`Engine::metrics`](crate::Engine::metrics).
 
+mod attempt;
 #[doc(hidden)]
 pub mod private;
 pub mod problem;
@@ -120,6 +121,7 @@ mod respond;
 mod run;
 pub mod scope;
 
+pub use attempt::Attempt;
 pub use problem::ProblemType;
 pub use scope::Scope;
 

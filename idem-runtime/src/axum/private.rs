@@ -30,7 +30,7 @@
 //! ```
 
 pub use crate::engine::Engine;
-pub use crate::policy::{MissingKey, Policy, ReplayMode};
+pub use crate::policy::{MissingKey, Policy, ReplayMode, ServerErrors};
 pub use ::axum::response::Response;
 pub use core::time::Duration;
 
@@ -69,6 +69,10 @@ pub struct RequestContext {
     pub fingerprint: crate::Fingerprint,
     /// The `Idempotency-Key` header.
     pub key: KeyHeader,
+    /// GET, HEAD, OPTIONS or TRACE: safe by definition, passed through untouched.
+    pub safe_method: bool,
+    /// The handler's [`Attempt`](super::Attempt) extractor, if it has one, to fill in on claiming.
+    pub attempt: Option<super::Attempt>,
 }
 
 /// The request's `Idempotency-Key` header, read while extracting.
@@ -231,7 +235,7 @@ pub fn run<F, R>(
     handler: F,
 ) -> impl Future<Output = Response>
 where
-    F: Future<Output = R>,
+    F: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
     super::run::run(engine.0, policy, scope.into_owned(), request, handler)
@@ -277,8 +281,8 @@ pub async fn run_transactional<T, F, Fut, R>(
 ) -> Response
 where
     T: crate::transaction::TxHandle,
-    F: FnOnce(T) -> Fut,
-    Fut: Future<Output = R>,
+    F: FnOnce(T) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
     super::run::run_transactional(&txn.0, policy, scope.into_owned(), request, handler).await

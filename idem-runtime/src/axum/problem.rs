@@ -13,7 +13,8 @@
 //! | `urn:idem:problem:key-mismatch` | 422 | the key was used for a different request (another body, method or endpoint) | never retry with this key |
 //! | `urn:idem:problem:in-flight` | 409 | an identical request with this key is still running | retry the same key after `Retry-After` |
 //! | `urn:idem:problem:key-expired` | 410 | the key is past its ttl; its result is no longer known | decide whether to send again under a new key |
-//! | `urn:idem:problem:store-unavailable` | 503 | the idempotency store could not be reached; nothing ran | retry the same key after `Retry-After` |
+//! | `urn:idem:problem:store-unavailable` | 503 | the idempotency store could not be reached (or the service is shutting down); nothing ran | retry the same key after `Retry-After` |
+//! | `urn:idem:problem:busy` | 503 | the store is up but every pooled connection is in use; nothing ran | retry the same key after `Retry-After` |
 //!
 //! ```
 //! use idem_runtime::axum::problem::ProblemType;
@@ -50,11 +51,13 @@ pub enum ProblemType {
     KeyExpired,
     /// 503: the idempotency store is unavailable and the request did not run. Retry later.
     StoreUnavailable,
+    /// 503: the store is up but had no free connection, and the request did not run. Retry later.
+    Busy,
 }
 
 impl ProblemType {
     /// Every problem type, in a stable order.
-    pub const ALL: [ProblemType; 8] = [
+    pub const ALL: [ProblemType; 9] = [
         ProblemType::MissingKey,
         ProblemType::MalformedKey,
         ProblemType::UnreadableBody,
@@ -63,6 +66,7 @@ impl ProblemType {
         ProblemType::InFlight,
         ProblemType::KeyExpired,
         ProblemType::StoreUnavailable,
+        ProblemType::Busy,
     ];
 
     /// The stable `type` URI.
@@ -76,6 +80,7 @@ impl ProblemType {
             ProblemType::InFlight => "urn:idem:problem:in-flight",
             ProblemType::KeyExpired => "urn:idem:problem:key-expired",
             ProblemType::StoreUnavailable => "urn:idem:problem:store-unavailable",
+            ProblemType::Busy => "urn:idem:problem:busy",
         }
     }
 
@@ -89,7 +94,7 @@ impl ProblemType {
             ProblemType::KeyMismatch => 422,
             ProblemType::InFlight => 409,
             ProblemType::KeyExpired => 410,
-            ProblemType::StoreUnavailable => 503,
+            ProblemType::StoreUnavailable | ProblemType::Busy => 503,
         }
     }
 
@@ -104,6 +109,7 @@ impl ProblemType {
             ProblemType::InFlight => "Request with this Idempotency-Key still in progress",
             ProblemType::KeyExpired => "Idempotency-Key expired",
             ProblemType::StoreUnavailable => "Idempotency store unavailable",
+            ProblemType::Busy => "Server busy",
         }
     }
 

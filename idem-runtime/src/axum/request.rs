@@ -93,6 +93,8 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
     RequestContext {
         fingerprint: Fingerprint::of_request(method, path, content_type, body),
         key: key_header(parts),
+        safe_method: parts.method.is_safe(),
+        attempt: parts.extensions.get::<super::Attempt>().cloned(),
     }
 }
 
@@ -122,7 +124,13 @@ pub(crate) fn json_context<T: serde::de::DeserializeOwned>(
     let (value, fingerprint) =
         crate::fingerprint::of_json_request(method, path, content_type, body)?;
     let key = key_header(parts);
-    Some((value, RequestContext { fingerprint, key }))
+    let ctx = RequestContext {
+        fingerprint,
+        key,
+        safe_method: parts.method.is_safe(),
+        attempt: parts.extensions.get::<super::Attempt>().cloned(),
+    };
+    Some((value, ctx))
 }
 
 /// Whether axum's `Json` accepts the request's media type, decided as axum decides it

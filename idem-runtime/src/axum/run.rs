@@ -1,35 +1,43 @@
 //! One protected request, from the `Idempotency-Key` header to the response.
 //!
-//! 1. The key: every `Idempotency-Key` header value is read; one valid value is the key, two headers
+//! 1. Safe methods (GET, HEAD, OPTIONS, TRACE) pass through untouched: they have no effect to
+//!    protect, and a repeated GET must read the current state, not a stored one.
+//! 2. The key: every `Idempotency-Key` header value is read; one valid value is the key, two headers
 //!    or a malformed value answer 400. Without a key the policy's
 //!    [`missing_key`](crate::Policy::missing_key) decides: reject (400), pass (run unprotected, counted,
 //!    until `reject_after`), or derive a key from the request, valid for `derive_window`.
-//! 2. The engine decides with the request's fingerprint: execute, replay, or a problem
+//! 3. The engine decides with the request's fingerprint: execute, replay, or a problem
 //!    (422 / 409 / 410 / 503, see [`problem`](super::problem)).
-//! 3. Execute: the handler runs. A 5xx releases the key so that a retry runs again; anything else is
-//!    stored and the key completed. If the handler panics or the request is cancelled, the claim's
-//!    guard releases the key as it is dropped.
+//! 4. Execute: the handler runs **in a task of its own** ([`Engine::spawn`]), with the claim's lease
+//!    renewed, so that a client hanging up, or a handler slower than the lease, never cuts it
+//!    half-way or lets a duplicate run it again. A 5xx releases the key (unless the policy stores
+//!    server errors); anything else is stored, retried until the store takes it, and replayed. A
+//!    panic releases the key and answers 500.
 //!
-//! In transactional mode ([`run_transactional`]) step 3 runs inside the transaction the key was
-//! claimed in: a 5xx, panic or cancellation rolls it back, anything else is stored in it and
-//! committed, and a failed commit answers 503 instead of the handler's response.
+//! In transactional mode ([`run_transactional`]) the handler's transaction, if it began one, is
+//! committed with the stored response; a 5xx or a panic rolls it back, and a failed commit answers
+//! 503 instead of the handler's response.
 
 use super::private::{KeyHeader, RequestContext};
 use super::problem::{Problem, ProblemType};
 use super::respond;
+use super::Attempt;
 use crate::clock::Timestamp;
 use crate::engine::{Begin, ClaimGuard, Engine, Rejection};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
 use crate::metrics::Outcome;
-use crate::policy::{MissingKey, Policy};
-use crate::record::RecordKey;
+use crate::policy::{MissingKey, Policy, ServerErrors};
+use crate::record::{RecordKey, StoredResponse};
 use crate::store::StoreErrorKind;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::transaction::{Transactional, TxBegin, TxClaim, TxHandle};
+use crate::transaction::{Transactional, TxClaim, TxHandle};
+use ::axum::http::StatusCode;
 use ::axum::response::{IntoResponse, Response};
-use futures_util::future::Either;
+use futures_util::FutureExt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use tokio::sync::oneshot;
 
 /// What the request's headers and the policy say about the key.
 enum KeyDecision {
@@ -42,7 +50,7 @@ enum KeyDecision {
 }
 
 /// The policy a keyed request runs under: the handler's own, or, for a derived key, its
-/// derive-window variant (boxed: that path is rare, and the policy is held for the whole request).
+/// derive-window variant.
 enum KeyPolicy {
     Handler(&'static Policy),
     Derived(Box<Policy>),
@@ -75,10 +83,13 @@ fn keyed(
     engine: &Engine,
     policy: &'static Policy,
     scope: String,
-    request: RequestContext,
+    request: &RequestContext,
 ) -> Keyed {
+    if request.safe_method {
+        return Keyed::Pass;
+    }
     let fingerprint = request.fingerprint;
-    match decide_key(engine, policy, &scope, request.key, fingerprint) {
+    match decide_key(engine, policy, &scope, &request.key, fingerprint) {
         Ok(KeyDecision::Given(key)) => Keyed::Key(
             RecordKey::new(scope, key.into_string()),
             fingerprint,
@@ -100,62 +111,44 @@ fn keyed(
     }
 }
 
-/// Reads the key before the returned future exists, so that the request's context is not carried
-/// through it (every byte of this future is part of the allocation axum boxes each request in).
-pub(crate) fn run<F, R>(
+/// Claims the key, then runs `handler` detached from the request (see the module documentation).
+pub(crate) async fn run<F, R>(
     engine: Engine,
     policy: &'static Policy,
     scope: String,
     request: RequestContext,
     handler: F,
-) -> impl Future<Output = Response>
+) -> Response
 where
-    F: Future<Output = R>,
+    F: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
-    let (key, fingerprint, policy) = match keyed(&engine, policy, scope, request) {
+    let (key, fingerprint, policy) = match keyed(&engine, policy, scope, &request) {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => {
-            return Either::Left(Either::Left(async move { handler.await.into_response() }))
-        }
-        Keyed::Answered(response) => {
-            return Either::Left(Either::Right(std::future::ready(response)))
-        }
+        Keyed::Pass => return handler.await.into_response(),
+        Keyed::Answered(response) => return response,
     };
-    // Step 3 is written out here rather than in a function of its own: `claim` is then a local of
-    // this future, not a capture of a second one kept beside the completion's (which holds it too).
-    Either::Right(async move {
-        let claim = match engine.begin_owned(key, fingerprint, &policy).await {
-            Ok(Begin::Execute(claim)) => claim,
-            Ok(Begin::Replay(replay)) => {
-                return respond::replay(replay.response, replay.expires_at)
-            }
-            Err(rejection) => return problem_for(rejection).into_response(),
+    let guard = match claim(&engine, key, fingerprint, &policy, request.attempt).await {
+        Ok(guard) => guard,
+        Err(answer) => return answer,
+    };
+    detached(&engine, async move {
+        let run = AssertUnwindSafe(async move { handler.await.into_response() });
+        let response = match guard.keep_alive(run.catch_unwind()).await {
+            Ok(response) => response,
+            Err(_) => return Settled::Now(panicked(guard, &policy).await),
         };
-        // A panic or a cancellation from here on drops `claim`, whose guard releases the key.
-        let capturing = {
-            // Scoped so that this response's storage ends before the next await.
-            let response = handler.await.into_response();
-            if response.status().is_server_error() {
-                // Boxed: a server error is the rare path, and its future would enlarge every
-                // request's.
-                return Box::pin(release_after_server_error(claim, &policy, response)).await;
-            }
-            respond::capture(response, &policy)
-        };
-        let (stored, mut response) = capturing.await;
-        let expires_at = claim.expires_at();
-        // A failed completion is logged and counted by the engine; the client still gets the fresh
-        // response, only without a promise that the key is remembered.
-        if claim.complete(&stored).await.is_ok() {
-            respond::set_expires(response.headers_mut(), expires_at);
+        if response.status().is_server_error() && policy.server_errors == ServerErrors::Release {
+            return Settled::Now(release_after_server_error(guard, &policy, response).await);
         }
-        response
+        let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
+        Settled::Later(guard, stored, response)
     })
+    .await
 }
 
-/// [`run`] in transactional mode: the handler gets the transaction the key is claimed in, and the
-/// response is stored in it before it commits. See [`crate::transaction`].
+/// [`run`] in transactional mode: the handler gets a transaction handle, and what it wrote through
+/// it commits with the stored response. See [`crate::transaction`].
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) async fn run_transactional<T, F, Fut, R>(
     txn: &Transactional<T::Store>,
@@ -166,59 +159,135 @@ pub(crate) async fn run_transactional<T, F, Fut, R>(
 ) -> Response
 where
     T: TxHandle,
-    F: FnOnce(T) -> Fut,
-    Fut: Future<Output = R>,
+    F: FnOnce(T) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
     let engine = txn.engine();
-    let (key, fingerprint, policy) = match keyed(engine, policy, scope, request) {
+    let (key, fingerprint, policy) = match keyed(engine, policy, scope, &request) {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
         Keyed::Pass => return pass_transactional(txn, policy, handler).await,
         Keyed::Answered(response) => return response,
     };
-    match txn.begin(key, fingerprint, &policy).await {
-        Ok(TxBegin::Execute(claim)) => execute_transactional(engine, claim, &policy, handler).await,
-        Ok(TxBegin::Replay(replay)) => respond::replay(replay.response, replay.expires_at),
-        Err(rejection) => problem_for(rejection).into_response(),
+    let guard = match claim(engine, key, fingerprint, &policy, request.attempt).await {
+        Ok(guard) => guard,
+        Err(answer) => return answer,
+    };
+    let mut tx = txn.tx();
+    let retry_after = engine.unavailable_retry_after();
+    detached(engine, async move {
+        let (lent, back) = tx.lend();
+        let run = AssertUnwindSafe(async move { handler(T::from_tx(lent)).await.into_response() });
+        // A panic drops the lent handle and with it the transaction, which rolls back.
+        let response = match guard.keep_alive(run.catch_unwind()).await {
+            Ok(response) => response,
+            Err(_) => return Settled::Now(panicked(guard, &policy).await),
+        };
+        if !back.restore(&mut tx) {
+            tracing::error!(target: "idem", handler = policy.handler,
+                "the handler kept its idem transaction past its end; nothing was committed");
+            return Settled::Now(panicked(guard, &policy).await);
+        }
+        if response.status().is_server_error() {
+            drop(tx); // rolls back
+            if policy.server_errors == ServerErrors::Release {
+                return Settled::Now(release_after_server_error(guard, &policy, response).await);
+            }
+            let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
+            return Settled::Later(guard, stored, response);
+        }
+        let (stored, mut response) = guard.keep_alive(respond::capture(response, &policy)).await;
+        if !tx.is_begun() {
+            return Settled::Later(guard, stored, response);
+        }
+        let expires_at = guard.expires_at();
+        Settled::Now(match (TxClaim { guard, tx }).complete(&stored).await {
+            Ok(()) => {
+                respond::set_expires(response.headers_mut(), expires_at);
+                response
+            }
+            // Nothing was committed: the client must not see the handler's success.
+            Err(_) => not_committed(retry_after),
+        })
+    })
+    .await
+}
+
+/// How a detached run ends: with its response settled, or with a response still to store.
+enum Settled {
+    Now(Response),
+    Later(ClaimGuard, StoredResponse, Response),
+}
+
+/// Runs `work` on the engine's task set and answers with its response. A response still to be
+/// stored is sent to the client once the first attempt to store it is over, landed or not: the
+/// effect happened, so the client learns of it, and the task keeps storing it for the retry.
+async fn detached<W>(engine: &Engine, work: W) -> Response
+where
+    W: Future<Output = Settled> + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    engine.spawn(async move {
+        let (guard, stored, mut response) = match work.await {
+            Settled::Now(response) => return drop(reply.send(response)),
+            Settled::Later(guard, stored, response) => (guard, stored, response),
+        };
+        match guard.try_complete(&stored).await {
+            Ok(()) => {
+                respond::set_expires(response.headers_mut(), guard.expires_at());
+                guard.settle();
+                let _ = reply.send(response);
+            }
+            Err(e) if matches!(e.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Busy) => {
+                let _ = reply.send(response);
+                let key = guard.key().clone();
+                if let Err(error) = guard.complete(&stored).await {
+                    tracing::error!(target: "idem", scope = %key.scope, key = %key.key, %error,
+                        "the response was never stored");
+                }
+            }
+            // Taken over or corrupt: nothing to retry; the client still gets what happened.
+            Err(_) => {
+                guard.settle();
+                let _ = reply.send(response);
+            }
+        }
+    });
+    // The task answers unless the runtime shuts down under it.
+    answer
+        .await
+        .unwrap_or_else(|_| StatusCode::SERVICE_UNAVAILABLE.into_response())
+}
+
+/// The engine's decision: a claim to run, or the answer (a replay or a problem).
+async fn claim(
+    engine: &Engine,
+    key: RecordKey,
+    fingerprint: Fingerprint,
+    policy: &Policy,
+    attempt: Option<Attempt>,
+) -> Result<ClaimGuard, Response> {
+    match engine.begin(key, fingerprint, policy).await {
+        Ok(Begin::Execute(guard)) => {
+            if let Some(attempt) = attempt {
+                attempt.set(&guard);
+            }
+            Ok(guard)
+        }
+        Ok(Begin::Replay(replay)) => Err(respond::replay(replay.response, replay.expires_at)),
+        Err(rejection) => Err(problem_for(rejection).into_response()),
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-async fn execute_transactional<T, F, Fut, R>(
-    engine: &Engine,
-    mut claim: TxClaim<T::Store>,
-    policy: &Policy,
-    handler: F,
-) -> Response
-where
-    T: TxHandle,
-    F: FnOnce(T) -> Fut,
-    Fut: Future<Output = R>,
-    R: IntoResponse,
-{
-    // A panic or a cancellation drops `claim` and the lent transaction: both roll back.
-    let (tx, lent) = claim.tx().lend();
-    let response = handler(T::from_tx(tx)).await.into_response();
-    if !lent.restore(claim.tx()) {
-        return kept_transaction(policy);
+/// A handler that panicked (or kept its transaction): the key is released and the client gets a
+/// plain 500, as from any handler that panics.
+async fn panicked(guard: ClaimGuard, policy: &Policy) -> Response {
+    let key = guard.key().clone();
+    if let Err(error) = guard.release().await {
+        tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
+            key = %key.key, %error, "could not release the key after a panic; a retry can run once its lease runs out");
     }
-    if response.status().is_server_error() {
-        if let Err(error) = claim.rollback().await {
-            tracing::debug!(target: "idem", handler = policy.handler, %error,
-                "rollback after a server error failed; the connection is discarded");
-        }
-        return response;
-    }
-    let expires_at = claim.expires_at();
-    let (stored, mut response) = respond::capture(response, policy).await;
-    match claim.complete(&stored).await {
-        Ok(()) => {
-            respond::set_expires(response.headers_mut(), expires_at);
-            response
-        }
-        // Nothing was committed: the client must not see the handler's success.
-        Err(_) => not_committed(engine),
-    }
+    StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -233,48 +302,34 @@ where
     Fut: Future<Output = R>,
     R: IntoResponse,
 {
-    let mut open = match txn.open_unprotected(policy).await {
-        Ok(open) => open,
-        Err(error) => {
-            tracing::warn!(target: "idem", handler = policy.handler, %error,
-                "could not open a transaction for a request without a key");
-            return not_committed(txn.engine());
-        }
-    };
-    let (tx, lent) = open.tx.lend();
-    let response = handler(T::from_tx(tx)).await.into_response();
-    if !lent.restore(&mut open.tx) {
-        return kept_transaction(policy);
+    let mut tx = txn.tx();
+    let (lent, back) = tx.lend();
+    let response = handler(T::from_tx(lent)).await.into_response();
+    if !back.restore(&mut tx) {
+        tracing::error!(target: "idem", handler = policy.handler,
+            "the handler kept its idem transaction past its end; nothing was committed");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
-    if response.status().is_server_error() {
-        return response; // dropping `open` rolls back
+    if response.status().is_server_error() || !tx.is_begun() {
+        return response; // dropping `tx` rolls back
     }
-    match open.commit().await {
+    match tx.commit().await {
         Ok(()) => response,
         Err(error) => {
             tracing::warn!(target: "idem", handler = policy.handler, %error,
                 "could not commit a request without a key");
-            not_committed(txn.engine())
+            not_committed(txn.engine().unavailable_retry_after())
         }
     }
 }
 
-/// The handler moved its transaction somewhere that outlives it (a spawned task): idem cannot
-/// commit what it does not hold, so the request fails and the transaction rolls back when dropped.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn kept_transaction(policy: &Policy) -> Response {
-    tracing::error!(target: "idem", handler = policy.handler,
-        "the handler kept its idem transaction past its end; nothing was committed");
-    ::axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn not_committed(engine: &Engine) -> Response {
+fn not_committed(retry_after: std::time::Duration) -> Response {
     Problem::new(
         ProblemType::StoreUnavailable,
         "The request's changes could not be committed, so nothing was done. Retry with the same key after Retry-After seconds.",
     )
-    .retry_after(engine.unavailable_retry_after())
+    .retry_after(retry_after)
     .into_response()
 }
 
@@ -282,18 +337,18 @@ fn decide_key(
     engine: &Engine,
     policy: &Policy,
     scope: &str,
-    header: KeyHeader,
+    header: &KeyHeader,
     fingerprint: Fingerprint,
 ) -> Result<KeyDecision, Problem> {
     match header {
-        KeyHeader::Valid(key) => Ok(KeyDecision::Given(key)),
+        KeyHeader::Valid(key) => Ok(KeyDecision::Given(key.clone())),
         KeyHeader::Missing => missing_key(engine, policy, scope, fingerprint),
-        KeyHeader::Invalid(error) => Err(malformed(engine, policy, scope, &error)),
+        KeyHeader::Invalid(error) => Err(malformed(engine, policy, scope, error)),
     }
 }
 
 fn malformed(engine: &Engine, policy: &Policy, scope: &str, error: &KeyError) -> Problem {
-    engine.metrics().record(Outcome::MalformedKey);
+    engine.metrics().record(Outcome::MalformedKey, policy.handler);
     // The value itself is not logged: it is client-controlled and, being malformed, possibly huge.
     tracing::info!(target: "idem", outcome = Outcome::MalformedKey.as_str(),
         handler = policy.handler, %scope, %error, "idempotency decision");
@@ -310,7 +365,7 @@ fn missing_key(
     fingerprint: Fingerprint,
 ) -> Result<KeyDecision, Problem> {
     let note = |outcome: Outcome| {
-        engine.metrics().record(outcome);
+        engine.metrics().record(outcome, policy.handler);
         tracing::info!(target: "idem", outcome = outcome.as_str(), handler = policy.handler,
             %scope, "idempotency decision");
     };
@@ -390,6 +445,14 @@ fn problem_for(rejection: Rejection) -> Problem {
                 httpdate::fmt_http_date(expired_at.to_system_time())
             ),
         ),
+        Rejection::Unavailable {
+            retry_after,
+            source,
+        } if source.kind() == StoreErrorKind::Busy => Problem::new(
+            ProblemType::Busy,
+            "The server has no capacity for this request right now, so it was not processed. Retry with the same key after Retry-After seconds.",
+        )
+        .retry_after(retry_after),
         Rejection::Unavailable { retry_after, .. } => Problem::new(
             ProblemType::StoreUnavailable,
             "The idempotency store could not be reached, so the request was not processed. Retry with the same key after Retry-After seconds.",

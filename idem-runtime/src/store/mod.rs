@@ -6,18 +6,15 @@
 //! - [`Store::claim`] is **one atomic step**: insert a fresh in-flight record, or take over a record
 //!   whose lease ran out (same fingerprint, not expired), or return the existing record untouched. Never
 //!   read-then-insert; never overwrite an in-flight or completed record any other way.
-//! - [`Store::complete`] and [`Store::release`] apply only if the record still carries the caller's
-//!   [`FencingToken`]; otherwise they fail with [`StoreErrorKind::Fenced`] and change nothing.
+//! - [`Store::complete`], [`Store::release`] and [`Store::renew`] apply only if the record is in
+//!   flight under the caller's [`FencingToken`]; otherwise they fail with
+//!   [`StoreErrorKind::Fenced`] and change nothing.
 //! - Records whose `retain_until` has passed count as absent everywhere (claim replaces them, get
 //!   hides them) whether or not a sweeper has deleted them yet.
 //! - [`Store::subscribe`] wakes waiters when a key is completed or released, in this process and, for
 //!   shared stores, in every process that has [announced](Store::announce_waiter) a waiter.
 //!
 //! Purging is a separate capability, [`Purge`], used by the [`Sweeper`](crate::sweeper::Sweeper).
-//!
-//! A store that never waits for anything (the in-memory one) may also answer claims and completions
-//! synchronously, through [`Store::claim_now`] and [`Store::complete_now`]; the engine tries those
-//! first and calls the async methods when they return `None`, as they do by default.
 
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
@@ -109,6 +106,9 @@ pub enum StoreErrorKind {
     Fenced,
     /// A stored record could not be decoded.
     Corrupt,
+    /// The store is up but has no capacity for this call right now (every pooled connection is in
+    /// use); try again shortly (HTTP 503 with its own problem type).
+    Busy,
 }
 
 impl StoreError {
@@ -144,6 +144,20 @@ impl StoreError {
     }
 }
 
+/// A pool that gave no connection within its acquire timeout is [busy](StoreErrorKind::Busy): the
+/// database is up, the service is short of connections. Every other error is
+/// [unavailable](StoreErrorKind::Unavailable).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        let kind = match error {
+            sqlx::Error::PoolTimedOut => StoreErrorKind::Busy,
+            _ => StoreErrorKind::Unavailable,
+        };
+        Self::new(kind, error)
+    }
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
@@ -152,6 +166,7 @@ impl fmt::Display for StoreError {
                 f.write_str("claim is no longer held (lease taken over or released)")?
             }
             StoreErrorKind::Corrupt => f.write_str("idempotency record could not be decoded")?,
+            StoreErrorKind::Busy => f.write_str("idempotency store busy (no free connection)")?,
         }
         if let Some(source) = &self.source {
             write!(f, ": {source}")?;
@@ -191,6 +206,16 @@ pub trait Store: Send + Sync + 'static {
     /// it again); otherwise fails with [`StoreErrorKind::Fenced`]. Wakes the key's subscribers.
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
 
+    /// Moves the lease of the claim in flight under `token` to `lease_until`, so that a handler
+    /// still running is not taken over; otherwise (no record, another token, completed) fails with
+    /// [`StoreErrorKind::Fenced`] and changes nothing. A claim that was taken over is never renewed.
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError>;
+
     /// The record for `key`, if any and not past retention at `now`.
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError>;
 
@@ -211,32 +236,6 @@ pub trait Store: Send + Sync + 'static {
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         let _ = key;
         Ok(())
-    }
-
-    /// [`claim`](Self::claim), answered on the spot by a store that never waits for anything: the
-    /// same step with the same result, or `None` to have the engine call `claim` instead (the
-    /// default). A store that implements it must make it do exactly what `claim` does.
-    ///
-    /// It exists for the in-memory store, whose claim is a critical section of a few hundred
-    /// nanoseconds: called through `claim`, each request would also pay for the boxed future the
-    /// trait's `async fn` returns, and for polling it. A store that does I/O keeps the default; a
-    /// store that wraps another may forward it, or keep the default to see every claim in `claim`.
-    fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
-        let _ = claim;
-        None
-    }
-
-    /// [`complete`](Self::complete), answered on the spot, as [`claim_now`](Self::claim_now) is
-    /// for `claim`: the same step with the same result, or `None` (the default) to have the engine
-    /// call `complete`.
-    fn complete_now(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Option<Result<(), StoreError>> {
-        let _ = (key, token, response);
-        None
     }
 }
 
@@ -265,6 +264,14 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         (**self).release(key, token).await
     }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        (**self).renew(key, token, lease_until).await
+    }
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         (**self).get(key, now).await
     }
@@ -273,17 +280,6 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         (**self).announce_waiter(key).await
-    }
-    fn claim_now(&self, claim: &Claim<'_>) -> Option<Result<ClaimOutcome, StoreError>> {
-        (**self).claim_now(claim)
-    }
-    fn complete_now(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Option<Result<(), StoreError>> {
-        (**self).complete_now(key, token, response)
     }
 }
 

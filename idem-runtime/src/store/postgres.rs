@@ -94,7 +94,7 @@ use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
+use crate::transaction::{OpenTx, TransactionalStore};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
@@ -169,31 +169,6 @@ pub fn bind_claim<'q>(
         .bind(claim.lease_until.as_millis())
 }
 
-/// [`CLAIM`] inside a transactional claim's transaction: a fresh insert also gives the transaction
-/// back the session's `lock_timeout` (which the claim ran under idem's, see [`RESTORE_LOCK_TIMEOUT`]),
-/// in the same statement, so the business transaction pays no extra round trip for it. The restoring
-/// `set_config` reads its rows from `inserted`, so it runs only after the insert, and its wait on a
-/// concurrent identical claim, are over.
-const CLAIM_IN_TX: &str = "
-WITH inserted AS (
-    INSERT INTO idem.records
-        (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_flight', $8)
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING true AS inserted, fingerprint, token, created_at, expires_at, retain_until, state,
-              lease_until, status, headers, body
-),
-restored AS (
-    SELECT set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true)
-    FROM inserted
-)
-SELECT inserted.* FROM inserted CROSS JOIN restored
-UNION ALL
-SELECT false, fingerprint, token, created_at, expires_at, retain_until, state,
-       lease_until, status, headers, body
-FROM idem.records
-WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)";
-
 /// Replaces a record past retention, if it is still the one seen (`$9`) and still past retention.
 const REPLACE_FORGOTTEN: &str = "
 UPDATE idem.records
@@ -224,6 +199,10 @@ WITH released AS (
     RETURNING watched
 )
 SELECT CASE WHEN watched THEN pg_notify('idem_records', $4) END FROM released";
+
+const RENEW: &str = "
+UPDATE idem.records SET lease_until = $4
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'";
 
 /// Marks an in-flight record as awaited. Only the first waiter writes (and commits a change); later
 /// ones find the flag set and write nothing. The row lock orders this against the completing `UPDATE`,
@@ -270,8 +249,6 @@ AND retain_until <= $1";
 pub struct PostgresStore {
     pool: PgPool,
     waiters: Arc<Waiters>,
-    /// Transactional claims open in this process, by key (`transaction::turns`).
-    turns: Arc<crate::transaction::Turns>,
     _listener: ListenerTask,
 }
 
@@ -302,7 +279,7 @@ impl PostgresStore {
         let pool = Self::pool_options()
             .connect(url)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Self::from_pool(pool).await
     }
 
@@ -408,7 +385,6 @@ impl PostgresStore {
         let store = Self {
             pool,
             waiters,
-            turns: Arc::default(),
             _listener: ListenerTask(task),
         };
         (store, ready)
@@ -436,7 +412,7 @@ impl PostgresStore {
             .acquire_timeout(pool.options().get_acquire_timeout())
             .connect_with(options)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         let result = migrate_on(&own).await;
         // Closing releases the session's advisory lock even if the migration failed half-way.
         own.close().await;
@@ -460,7 +436,7 @@ impl PostgresStore {
     }
 
     async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-        self.pool.acquire().await.map_err(StoreError::unavailable)
+        Ok(self.pool.acquire().await?)
     }
 }
 
@@ -470,7 +446,7 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
         .bind(SCHEMA_LOCK)
         .execute(own)
         .await
-        .map_err(StoreError::unavailable)?;
+        ?;
     // Checked first so that a role without CREATE on the database can start once the schema exists.
     sqlx::raw_sql(
         "DO $$ BEGIN
@@ -481,7 +457,7 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
     )
     .execute(own)
     .await
-    .map_err(StoreError::unavailable)?;
+    ?;
     migrator().run(own).await.map_err(StoreError::unavailable)
 }
 
@@ -489,8 +465,7 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
 impl Store for PostgresStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut conn = self.acquire().await?;
-        let (outcome, _) = ops::claim(&mut conn, claim, CLAIM).await?;
-        Ok(outcome)
+        ops::claim(&mut conn, claim).await
     }
 
     async fn complete(
@@ -513,6 +488,22 @@ impl Store for PostgresStore {
         drop(conn);
         self.waiters.notify(key);
         Ok(())
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(RENEW)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token.0)
+            .bind(lease_until.as_millis())
+            .execute(&self.pool)
+            .await?;
+        ops::fenced_unless_one(done.rows_affected())
     }
 
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
@@ -539,96 +530,6 @@ impl Purge for PostgresStore {
 }
 
 /// Where a transactional claim keeps the session's `lock_timeout` while it waits with its own.
-const SAVED_LOCK_TIMEOUT: &str = "idem.outer_lock_timeout";
-
-/// Gives the transaction back the session's `lock_timeout` once the claim holds the key.
-const RESTORE_LOCK_TIMEOUT: &str =
-    "SELECT set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true)";
-
-/// Keeps the session's `lock_timeout` (see [`RESTORE_LOCK_TIMEOUT`]) and sets the claim's, which
-/// bounds its wait on an identical request's uncommitted claim by `wait`.
-fn claim_lock_timeout(wait: Duration) -> String {
-    // A lock_timeout of 0 means no limit: wait at least 1 ms.
-    let ms = wait.as_millis().clamp(1, i32::MAX as u128);
-    format!("SELECT set_config('{SAVED_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); SET LOCAL lock_timeout = {ms}")
-}
-
-/// The one message that opens a transaction holding a fresh claim ([`TransactionalStore::open_claimed`]):
-///
-/// ```sql
-/// SELECT set_config('idem.outer_lock_timeout', current_setting('lock_timeout'), true);
-/// SET LOCAL lock_timeout = <wait>;
-/// INSERT INTO idem.records (…) VALUES (<the claim's in-flight record>)
-///     RETURNING set_config('lock_timeout', current_setting('idem.outer_lock_timeout'), true);
-/// BEGIN
-/// ```
-///
-/// A simple query of several statements runs them in one implicit transaction, which the `BEGIN`
-/// at its end turns into the explicit transaction that stays open, the uncommitted claim in it. If
-/// the `INSERT` fails (the key has a record, or the wait ran out), the `BEGIN` never runs and the
-/// implicit transaction rolls back by itself: the connection goes back to the pool clean, with no
-/// `ROLLBACK` to send (sqlx sends none for a failed `BEGIN`). The restoring `set_config` runs once the
-/// row is inserted, so the handler's own statements keep the session's `lock_timeout`.
-///
-/// A simple query takes no binds, so the claim's values are written into the text: integers as
-/// Rust prints them, and every string or byte string as hexadecimal digits that PostgreSQL decodes
-/// (`decode('…', 'hex')`). Nothing a client sends reaches the text but as `[0-9a-f]`.
-fn claiming_begin(wait: Duration, claim: &Claim<'_>) -> String {
-    let mut sql = claim_lock_timeout(wait);
-    sql.push_str("; INSERT INTO idem.records (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) VALUES (");
-    for text in [&claim.key.scope, &claim.key.key] {
-        sql.push_str("convert_from(");
-        push_bytea(&mut sql, text.as_bytes());
-        sql.push_str(", 'UTF8'), ");
-    }
-    push_bytea(&mut sql, &claim.fingerprint.0);
-    let times = [claim.now, claim.expires_at, claim.retain_until];
-    let [created, expires, retain] = times.map(Timestamp::as_millis);
-    let (token, lease) = (claim.token.0, claim.lease_until.as_millis());
-    sql.push_str(&format!(", {token}, {created}, {expires}, {retain}, 'in_flight', {lease}) RETURNING set_config('lock_timeout', current_setting('{SAVED_LOCK_TIMEOUT}'), true); BEGIN"));
-    sql
-}
-
-/// `bytes` as a bytea expression that holds only hexadecimal digits: `decode('…', 'hex')`.
-fn push_bytea(sql: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    sql.push_str("decode('");
-    for b in bytes {
-        sql.push(char::from(DIGITS[usize::from(b >> 4)]));
-        sql.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    sql.push_str("', 'hex')");
-}
-
-/// `pool.begin_with(begin)`, run to its end even if the caller stops waiting for it (a cancelled
-/// request, the engine's timeout). sqlx counts a transaction as open only once its `BEGIN` has
-/// answered, so a `begin_with` dropped while it waits (for a connection, or for the claim's `INSERT`
-/// blocked behind an identical request's transaction) queues no `ROLLBACK`: if the message then
-/// completes on the server, the connection would go back to the pool inside that transaction, the
-/// claim's uncommitted row in it. Run apart, the transaction comes back to a caller that is gone,
-/// is dropped, and sqlx rolls it back as for any dropped transaction.
-async fn begin_detached(
-    pool: &PgPool,
-    begin: String,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    let pool = pool.clone();
-    match tokio::spawn(async move { pool.begin_with(begin).await }).await {
-        Ok(result) => result,
-        Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
-    }
-}
-
-/// What a transactional claim's failure means: `55P03` (lock_not_available) is an identical
-/// request's transaction that outlasted the wait, `40001` (serialization_failure, under REPEATABLE
-/// READ or SERIALIZABLE) one that committed meanwhile.
-fn tx_failure(e: StoreError) -> TxFailure {
-    match db_code(&e).as_deref() {
-        Some("55P03") => TxFailure::Busy,
-        Some("40001") => TxFailure::Retry,
-        _ => TxFailure::Store(e),
-    }
-}
-
 impl crate::transaction::sealed::Sealed for PostgresStore {}
 
 /// Transactional mode (see [`crate::transaction`]): a fresh key is claimed by the message that
@@ -642,49 +543,11 @@ impl crate::transaction::sealed::Sealed for PostgresStore {}
 impl TransactionalStore for PostgresStore {
     type Database = sqlx::Postgres;
 
-    async fn open(&self, wait: Duration) -> Result<OpenTx<sqlx::Postgres>, TxFailure> {
-        let begin = format!("BEGIN; {}", claim_lock_timeout(wait));
-        let tx = begin_detached(&self.pool, begin)
-            .await
-            .map_err(|e| TxFailure::Store(StoreError::unavailable(e)))?;
-        Ok(OpenTx { tx, gate: None })
-    }
-
-    async fn open_claimed(
-        &self,
-        wait: Duration,
-        claim: &Claim<'_>,
-    ) -> Result<Option<OpenTx<sqlx::Postgres>>, TxFailure> {
-        match begin_detached(&self.pool, claiming_begin(wait, claim)).await {
-            Ok(tx) => Ok(Some(OpenTx { tx, gate: None })),
-            Err(e) => {
-                let e = StoreError::unavailable(e);
-                // unique_violation: the key has a record, for `claim_in` to read.
-                if db_code(&e).as_deref() == Some("23505") {
-                    Ok(None)
-                } else {
-                    Err(tx_failure(e))
-                }
-            }
-        }
-    }
-
-    async fn claim_in(
-        &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        claim: &Claim<'_>,
-    ) -> Result<ClaimOutcome, TxFailure> {
-        let (outcome, inserted) = ops::claim(tx, claim, CLAIM_IN_TX)
-            .await
-            .map_err(tx_failure)?;
-        // A fresh insert restored it in the claim statement; a takeover or replacement did not.
-        if let (ClaimOutcome::Claimed { .. }, false) = (&outcome, inserted) {
-            sqlx::query(RESTORE_LOCK_TIMEOUT)
-                .execute(&mut **tx)
-                .await
-                .map_err(|e| TxFailure::Store(StoreError::unavailable(e)))?;
-        }
-        Ok(outcome)
+    async fn begin_tx(&self) -> Result<OpenTx<sqlx::Postgres>, sqlx::Error> {
+        Ok(OpenTx {
+            tx: self.pool.begin().await?,
+            _gate: None,
+        })
     }
 
     async fn complete_in(
@@ -694,20 +557,14 @@ impl TransactionalStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        // The NOTIFY it sends is delivered at the commit, to non-transactional waiters elsewhere.
         ops::complete(tx, key, token, response).await
     }
 
     fn committed(&self, key: &RecordKey) {
         self.waiters.notify(key);
     }
-
-    fn turns(&self) -> &Arc<crate::transaction::Turns> {
-        &self.turns
-    }
 }
 
-/// The statements, on any connection: a pool's, or one inside the caller's transaction (transactional mode).
 mod ops {
     use super::*;
 
@@ -715,37 +572,34 @@ mod ops {
     enum Found {
         Inserted,
         Existing(Record),
-        /// [`CLAIM`]: an identical claim's record was deleted (released or purged) between its insert
-        /// and our read of it.
-        /// [`CLAIM_IN_TX`] under READ COMMITTED: a concurrent insert committed after this
-        /// statement's snapshot.
+        /// An identical claim's record was deleted (released or purged) between its insert and our
+        /// read of it.
         Nothing,
     }
 
-    /// Claims with `claim_sql` ([`CLAIM`] or [`CLAIM_IN_TX`]) as the claim-or-fetch statement; also
-    /// says whether the claim was that statement's fresh insert.
+    /// Claims with [`CLAIM`] as the claim-or-fetch statement, then a takeover or replacement if the
+    /// record found allows one.
     pub(super) async fn claim(
         conn: &mut PgConnection,
         claim: &Claim<'_>,
-        claim_sql: &'static str,
-    ) -> Result<(ClaimOutcome, bool), StoreError> {
+    ) -> Result<ClaimOutcome, StoreError> {
         let claimed = |taken_over| ClaimOutcome::Claimed { taken_over };
         for _ in 0..MAX_CLAIM_ATTEMPTS {
-            let record = match claim_or_fetch(conn, claim, claim_sql).await? {
-                Found::Inserted => return Ok((claimed(false), true)),
+            let record = match claim_or_fetch(conn, claim).await? {
+                Found::Inserted => return Ok(claimed(false)),
                 Found::Nothing => continue,
                 Found::Existing(record) => record,
             };
             if record.is_forgotten(claim.now) {
                 if replace_forgotten(conn, claim, record.token).await? {
-                    return Ok((claimed(false), false));
+                    return Ok(claimed(false));
                 }
             } else if record.can_take_over(claim) {
                 if take_over(conn, claim, record.token).await? {
-                    return Ok((claimed(true), false));
+                    return Ok(claimed(true));
                 }
             } else {
-                return Ok((ClaimOutcome::Existing(record), false));
+                return Ok(ClaimOutcome::Existing(record));
             }
             // Someone changed the record between our read and our update: look again.
         }
@@ -758,12 +612,11 @@ mod ops {
     async fn claim_or_fetch(
         conn: &mut PgConnection,
         claim: &Claim<'_>,
-        claim_sql: &'static str,
     ) -> Result<Found, StoreError> {
-        let row = bind_claim(claim_sql, claim)
+        let row = bind_claim(CLAIM, claim)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         let Some(row) = row else {
             return Ok(Found::Nothing);
         };
@@ -784,7 +637,7 @@ mod ops {
             .bind(seen.0)
             .execute(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -803,7 +656,7 @@ mod ops {
             .bind(claim.fingerprint.0.as_slice())
             .execute(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -825,7 +678,7 @@ mod ops {
             .bind(payload(key))
             .execute(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         fenced_unless_one(done.rows_affected())
     }
 
@@ -838,7 +691,7 @@ mod ops {
             .bind(&key.key)
             .execute(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Ok(())
     }
 
@@ -854,7 +707,7 @@ mod ops {
             .bind(payload(key))
             .execute(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         fenced_unless_one(done.rows_affected())
     }
 
@@ -869,7 +722,7 @@ mod ops {
             .bind(now.as_millis())
             .fetch_optional(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         row.as_ref().map(decode).transpose()
     }
 
@@ -883,11 +736,11 @@ mod ops {
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
             .execute(&mut *conn)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Ok(done.rows_affected())
     }
 
-    fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
+    pub(super) fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
         if rows == 1 {
             Ok(())
         } else {

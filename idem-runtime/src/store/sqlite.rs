@@ -74,7 +74,7 @@ use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::transaction::{db_code, OpenTx, TransactionalStore, TxFailure};
+use crate::transaction::{OpenTx, TransactionalStore};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -142,6 +142,11 @@ SET state = 'completed', lease_until = NULL, status = ?4, headers = ?5, body = ?
 WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
 "#;
 
+const RENEW: &str = r#"
+UPDATE idem_records SET lease_until = ?4
+WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
+"#;
+
 const RELEASE: &str = r#"
 DELETE FROM idem_records
 WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
@@ -184,10 +189,8 @@ struct Shared {
     waiters: Waiters,
     /// Serialises idem's writes in this process, fairly, instead of letting them race for SQLite's
     /// lock and back off in its busy handler (which sleeps in growing steps).
-    /// Shared (`Arc`) so that a transactional claim can hold it until its transaction ends.
+    /// Shared (`Arc`) so that a transaction can hold it until it ends.
     write_gate: Arc<tokio::sync::Mutex<()>>,
-    /// Transactional claims open in this process, by key (`transaction::turns`).
-    turns: Arc<crate::transaction::Turns>,
 }
 
 /// The shared state of each open database file, by canonical path (in-memory databases by their
@@ -236,7 +239,7 @@ impl SqliteStore {
     /// # }
     /// ```
     pub fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
-        let options = SqliteConnectOptions::from_str(url).map_err(StoreError::unavailable)?;
+        let options = SqliteConnectOptions::from_str(url)?;
         Ok(options
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
@@ -259,7 +262,7 @@ impl SqliteStore {
             .max_lifetime(None)
             .connect_with(options)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Self::from_pool(pool).await
     }
 
@@ -303,7 +306,7 @@ impl SqliteStore {
             .bind(now.as_millis())
             .fetch_optional(&self.pool)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         row.as_ref().map(decode).transpose()
     }
 }
@@ -387,7 +390,7 @@ impl Store for SqliteStore {
                     .bind(claim.lease_until.as_millis())
                     .fetch_optional(&self.pool)
                     .await
-                    .map_err(StoreError::unavailable)?
+                    ?
             };
             if let Some(row) = won {
                 let takeovers: i64 = row.try_get("takeovers").map_err(StoreError::corrupt)?;
@@ -427,7 +430,7 @@ impl Store for SqliteStore {
                 .bind(&response.body[..])
                 .execute(&self.pool)
                 .await
-                .map_err(StoreError::unavailable)?
+                ?
         };
         if done.rows_affected() == 0 {
             return Err(StoreError::fenced());
@@ -445,12 +448,32 @@ impl Store for SqliteStore {
                 .bind(token.0)
                 .execute(&self.pool)
                 .await
-                .map_err(StoreError::unavailable)?
+                ?
         };
         if done.rows_affected() == 0 {
             return Err(StoreError::fenced());
         }
         self.shared.waiters.notify(key);
+        Ok(())
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        let _gate = self.shared.write_gate.lock().await;
+        let done = sqlx::query(RENEW)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token.0)
+            .bind(lease_until.as_millis())
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::fenced());
+        }
         Ok(())
     }
 
@@ -468,73 +491,21 @@ impl Store for SqliteStore {
 impl crate::transaction::sealed::Sealed for SqliteStore {}
 
 /// Transactional mode (see [`crate::transaction`]): `BEGIN IMMEDIATE` after the store's write gate,
-/// which the transaction holds until it ends, so transactional claims in this process queue fairly
-/// (bounded by the policy's `wait`) instead of sleeping in SQLite's busy handler. Identical requests
-/// wait before that, for the key's turn (shared by every handle on the file).
+/// which the transaction holds until it ends, so that idem's own writes in this process queue
+/// behind it instead of sleeping in SQLite's busy handler.
 #[async_trait::async_trait]
 impl TransactionalStore for SqliteStore {
     type Database = sqlx::Sqlite;
 
-    async fn open(&self, wait: Duration) -> Result<OpenTx<sqlx::Sqlite>, TxFailure> {
-        let gate = tokio::time::timeout(wait, self.shared.write_gate.clone().lock_owned())
+    async fn begin_tx(&self) -> Result<OpenTx<sqlx::Sqlite>, sqlx::Error> {
+        let gate = tokio::time::timeout(BUSY_TIMEOUT, self.shared.write_gate.clone().lock_owned())
             .await
-            .map_err(|_| TxFailure::Busy)?;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| {
-            let e = StoreError::unavailable(e);
-            // SQLITE_BUSY: another process kept the write lock past the busy timeout.
-            match db_code(&e).as_deref() {
-                Some("5") => TxFailure::Busy,
-                _ => TxFailure::Store(e),
-            }
-        })?;
+            .map_err(|_| sqlx::Error::PoolTimedOut)?;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         Ok(OpenTx {
             tx,
-            gate: Some(gate),
+            _gate: Some(gate),
         })
-    }
-
-    async fn claim_in(
-        &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-        claim: &Claim<'_>,
-    ) -> Result<ClaimOutcome, TxFailure> {
-        let store = |e| TxFailure::Store(StoreError::unavailable(e));
-        let won = sqlx::query(CLAIM)
-            .bind(&claim.key.scope)
-            .bind(&claim.key.key)
-            .bind(&claim.fingerprint.0[..])
-            .bind(claim.token.0)
-            .bind(claim.now.as_millis())
-            .bind(claim.expires_at.as_millis())
-            .bind(claim.retain_until.as_millis())
-            .bind(claim.lease_until.as_millis())
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(store)?;
-        if let Some(row) = won {
-            let takeovers: i64 = row
-                .try_get("takeovers")
-                .map_err(|e| TxFailure::Store(StoreError::corrupt(e)))?;
-            return Ok(ClaimOutcome::Claimed {
-                taken_over: takeovers > 0,
-            });
-        }
-        // The record stood; this transaction holds the write lock, so it is still there.
-        let row = sqlx::query(SELECT)
-            .bind(&claim.key.scope)
-            .bind(&claim.key.key)
-            .bind(claim.now.as_millis())
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(store)?;
-        match row {
-            Some(row) => decode(&row)
-                .map(ClaimOutcome::Existing)
-                .map_err(TxFailure::Store),
-            None => Err(TxFailure::Store(corrupt(
-                "a record that refused a claim vanished under the write lock",
-            ))),
-        }
     }
 
     async fn complete_in(
@@ -553,7 +524,7 @@ impl TransactionalStore for SqliteStore {
             .bind(&response.body[..])
             .execute(&mut **tx)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         if done.rows_affected() == 0 {
             return Err(StoreError::fenced());
         }
@@ -562,10 +533,6 @@ impl TransactionalStore for SqliteStore {
 
     fn committed(&self, key: &RecordKey) {
         self.shared.waiters.notify(key);
-    }
-
-    fn turns(&self) -> &Arc<crate::transaction::Turns> {
-        &self.shared.turns
     }
 }
 
@@ -579,7 +546,7 @@ impl Purge for SqliteStore {
             .bind(limit)
             .execute(&self.pool)
             .await
-            .map_err(StoreError::unavailable)?;
+            ?;
         Ok(done.rows_affected())
     }
 }

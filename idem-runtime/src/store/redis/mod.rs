@@ -30,6 +30,8 @@
 //!   to the header (keeping the TTL) and `PUBLISH`es the record's tag on `<prefix>:done` only if the
 //!   record is watched. **release** is `release.lua`: the same check, `DEL`, and the same conditional
 //!   `PUBLISH`.
+//! - **renew** is `renew.lua`: the same check, then the lease field is overwritten in place
+//!   (`SETRANGE`, which keeps the TTL).
 //! - **announce_waiter** is `announce.lua`: sets the `watched` flag of an in-flight record, so that
 //!   its completion publishes. See "Waking waiters across instances".
 //! - **get** is one `GET`.
@@ -165,6 +167,7 @@ struct Scripts {
     replace: Script,
     complete: Script,
     release: Script,
+    renew: Script,
     announce: Script,
     purge: Script,
 }
@@ -175,6 +178,7 @@ impl Scripts {
             replace: Script::new(include_str!("replace.lua")),
             complete: Script::new(include_str!("complete.lua")),
             release: Script::new(include_str!("release.lua")),
+            renew: Script::new(include_str!("renew.lua")),
             announce: Script::new(include_str!("announce.lua")),
             purge: Script::new(include_str!("purge.lua")),
         }
@@ -555,6 +559,19 @@ impl Store for RedisStore {
         applied_or_fenced(eval(&mut conn, &self.scripts.release, &cmd).await?)?;
         self.waiters.notify(key);
         Ok(())
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let mut cmd = evalsha(&self.scripts.renew, self.key(key), 2, 16);
+        cmd.arg(&blob::token(token)[..])
+            .arg(&lease_until.as_millis().to_be_bytes()[..]);
+        applied_or_fenced(eval(&mut conn, &self.scripts.renew, &cmd).await?)
     }
 
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
