@@ -142,6 +142,14 @@ impl<S: Store> Store for Observed<S> {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(key, token, lease_until).await
+    }
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         self.inner.get(key, now).await
     }
@@ -216,6 +224,9 @@ impl Store for Down {
         Err(StoreError::unavailable("connection refused"))
     }
     async fn release(&self, _: &RecordKey, _: FencingToken) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn renew(&self, _: &RecordKey, _: FencingToken, _: Timestamp) -> Result<(), StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
     async fn get(&self, _: &RecordKey, _: Timestamp) -> Result<Option<Record>, StoreError> {
@@ -629,15 +640,84 @@ pub async fn release_lets_the_next_request_run<B: Backend>(b: B) {
     third.complete(&response("third")).await.expect("complete");
 }
 
-/// A claim dropped without completion (a panic, a cancelled request) is released in the background.
-pub async fn dropped_claim_is_released<B: Backend>(b: B) {
+/// A claim dropped while a panic unwinds is released in the background; one dropped otherwise (a
+/// task aborted, a process stopping) is left to its lease, like a crash, and then taken over.
+pub async fn dropped_claim_is_released_only_on_a_panic<B: Backend>(b: B) {
     let h = Harness::new(b.open().await);
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     let mut released = h.store.subscribe(&key);
-    drop(guard);
+    let panicked = tokio::spawn(async move {
+        let _held = guard;
+        panic!("the handler panics");
+    })
+    .await;
+    assert!(panicked.is_err());
     released.changed().await;
     assert!(h.get(&key).await.is_none());
+
+    let key = fresh_key();
+    drop(execute(h.engine.begin(key.clone(), fp("a"), &policy()).await));
+    let held = h.engine.begin(key.clone(), fp("a"), &policy()).await;
+    assert!(matches!(held, Err(Rejection::InFlight { .. })), "{held:?}");
+    h.clock.advance(LEASE);
+    assert!(execute(h.engine.begin(key, fp("a"), &policy()).await).taken_over());
+}
+
+/// A renewal moves the lease of the current claim only: a claim renewed in time is never taken
+/// over; a stranger's token, a claim taken over, and a completed record refuse it.
+pub async fn renewal_moves_the_lease_of_the_current_claim_only<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    for _ in 0..3 {
+        h.clock.advance(LEASE * 2 / 3);
+        h.store
+            .renew(&key, guard.token(), h.clock.now() + LEASE)
+            .await
+            .expect("the holder renews");
+        let held = h.engine.begin(key.clone(), fp("a"), &policy()).await;
+        assert!(matches!(held, Err(Rejection::InFlight { .. })), "{held:?}");
+    }
+    assert_eq!(
+        h.get(&key).await.expect("record").state,
+        RecordState::InFlight {
+            lease_until: h.clock.now() + LEASE
+        }
+    );
+    let stranger = FencingToken(guard.token().0.wrapping_add(1));
+    let refused = h.store.renew(&key, stranger, h.clock.now() + LEASE).await;
+    assert_eq!(refused.expect_err("fenced").kind(), StoreErrorKind::Fenced);
+
+    // Once the renewals stop, the lease runs out and a takeover fences the old token for good.
+    h.clock.advance(LEASE);
+    let heir = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    assert!(heir.taken_over());
+    let late = h.store.renew(&key, guard.token(), h.clock.now() + LEASE).await;
+    assert_eq!(late.expect_err("fenced").kind(), StoreErrorKind::Fenced);
+    let token = heir.token();
+    heir.complete(&response("a")).await.expect("complete");
+    let done = h.store.renew(&key, token, h.clock.now() + LEASE).await;
+    assert_eq!(done.expect_err("fenced").kind(), StoreErrorKind::Fenced);
+    let missing = h.store.renew(&fresh_key(), token, h.clock.now()).await;
+    assert_eq!(missing.expect_err("fenced").kind(), StoreErrorKind::Fenced);
+}
+
+/// A store that lost a running claim's record (restarted without persistence, flushed) gets it back
+/// from the holder's completion, under the same token: the retry replays the response instead of
+/// running again.
+pub async fn a_lost_record_is_claimed_back_by_its_completion<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let key = fresh_key();
+    let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    // The record vanishes under the holder (here by its own token, as a flush would).
+    h.store.release(&key, guard.token()).await.expect("vanish");
+    assert!(h.get(&key).await.is_none());
+    guard.complete(&response("a")).await.expect("claimed back and completed");
+    assert_eq!(
+        replay(h.engine.begin(key, fp("a"), &policy()).await).response,
+        response("a")
+    );
 }
 
 /// Completion and release need the record's current token and an in-flight record.
@@ -780,7 +860,9 @@ macro_rules! conformance_suite {
             concurrent_claims_elect_exactly_one,
             keys_are_scoped_to_the_caller,
             release_lets_the_next_request_run,
-            dropped_claim_is_released,
+            dropped_claim_is_released_only_on_a_panic,
+            renewal_moves_the_lease_of_the_current_claim_only,
+            a_lost_record_is_claimed_back_by_its_completion,
             completion_requires_the_current_token,
             restart_keeps_records,
             purge_deletes_in_batches,

@@ -1,6 +1,7 @@
 //! The HTTP handlers. The two creates and the refund are idempotent; the reads need not be.
 
 use crate::auth::AuthUser;
+use crate::card::CardNetwork;
 use crate::ledger::{Ledger, Payment};
 use crate::AppState;
 use axum::extract::{Path, State};
@@ -9,6 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem_runtime::sqlx::{Postgres, Sqlite};
+use idem_runtime::axum::Attempt;
 use idem_runtime::{idempotent, Policy, Tx};
 use serde::Deserialize;
 use std::time::Duration;
@@ -32,28 +34,52 @@ const PAYMENTS: Policy = Policy::new()
 pub(crate) async fn create_payment(
     State(app): State<AppState>,
     user: AuthUser,
+    attempt: Attempt,
     Json(req): Json<NewPayment>,
 ) -> Response {
-    capture(&app, &user, req).await
+    capture(&app, &user, &attempt, &req).await
+}
+
+/// Charges the card, then records the payment (once per charge).
+async fn capture(app: &AppState, user: &AuthUser, attempt: &Attempt, req: &NewPayment) -> Response {
+    let charge_id = match charge(app, user, attempt, req).await {
+        Ok(charge_id) => charge_id,
+        Err(response) => return response,
+    };
+    match app
+        .ledger
+        .capture(&user.id, req.amount, &req.currency, &charge_id)
+        .await
+    {
+        Ok(payment) => created(payment),
+        Err(e) => database_error(&e),
+    }
 }
 
 /// `POST /payments` in transactional mode, when the records share the ledger's SQLite file: the
-/// key is claimed in the transaction that inserts the payment and stores the 201, so a crash at any
-/// point leaves either all three or none (a retry then charges once, or replays).
+/// card is charged first, outside any transaction; then the payment and the stored 201 commit
+/// together. A crash before that commit leaves neither, and the retry that takes the key over
+/// charges under the same downstream key (the network deduplicates it) and records the payment once.
 #[idempotent(scope = "user", policy = PAYMENTS, transaction = "tx")]
 pub(crate) async fn create_payment_in_sqlite(
     State(app): State<AppState>,
     user: AuthUser,
+    attempt: Attempt,
     mut tx: Tx<Sqlite>,
     Json(req): Json<NewPayment>,
 ) -> Response {
-    let payment = match prepare(&app, req).await {
-        Ok(payment) => payment,
+    let charge_id = match charge(&app, &user, &attempt, &req).await {
+        Ok(charge_id) => charge_id,
         Err(response) => return response,
     };
-    match crate::ledger::sqlite::insert(&mut *tx, &user.id, &payment).await {
-        Ok(()) => created(payment),
-        Err(e) => internal(&e),
+    let payment = Payment::captured(req.amount, &req.currency);
+    let recorded = match tx.conn().await {
+        Ok(conn) => crate::ledger::sqlite::insert(conn, &user.id, &payment, &charge_id).await,
+        Err(e) => Err(e),
+    };
+    match recorded {
+        Ok(payment) => created(payment),
+        Err(e) => database_error(&e),
     }
 }
 
@@ -62,21 +88,33 @@ pub(crate) async fn create_payment_in_sqlite(
 pub(crate) async fn create_payment_in_postgres(
     State(app): State<AppState>,
     user: AuthUser,
+    attempt: Attempt,
     mut tx: Tx<Postgres>,
     Json(req): Json<NewPayment>,
 ) -> Response {
-    let payment = match prepare(&app, req).await {
-        Ok(payment) => payment,
+    let charge_id = match charge(&app, &user, &attempt, &req).await {
+        Ok(charge_id) => charge_id,
         Err(response) => return response,
     };
-    match crate::ledger::postgres::insert(&mut *tx, &user.id, &payment).await {
-        Ok(()) => created(payment),
-        Err(e) => internal(&e),
+    let payment = Payment::captured(req.amount, &req.currency);
+    let recorded = match tx.conn().await {
+        Ok(conn) => crate::ledger::postgres::insert(conn, &user.id, &payment, &charge_id).await,
+        Err(e) => Err(e),
+    };
+    match recorded {
+        Ok(payment) => created(payment),
+        Err(e) => database_error(&e),
     }
 }
 
-/// Validates the request and charges the card (simulated): the payment to record.
-async fn prepare(app: &AppState, req: NewPayment) -> Result<Payment, Response> {
+/// Validates the request and charges the card under the request's downstream key, the same on
+/// every attempt: the charge's id.
+async fn charge(
+    app: &AppState,
+    user: &AuthUser,
+    attempt: &Attempt,
+    req: &NewPayment,
+) -> Result<String, Response> {
     if req.amount <= 0 {
         return Err(invalid("`amount` must be a positive number of minor units"));
     }
@@ -85,8 +123,17 @@ async fn prepare(app: &AppState, req: NewPayment) -> Result<Payment, Response> {
             "`currency` must be an ISO 4217 code such as \"KRW\"",
         ));
     }
-    card_network(app).await;
-    Ok(Payment::captured(req.amount, &req.currency))
+    // Every payment endpoint requires or derives a key, so there is always a downstream key.
+    let key = attempt
+        .downstream_key()
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    if attempt.taken_over() {
+        tracing::warn!(user = %user.id, "taking over a payment whose first run stopped; the card network deduplicates its charge");
+    }
+    app.card
+        .charge(&user.id, req.amount, &req.currency, &key)
+        .await
+        .map_err(|e| database_error(&e))
 }
 
 /// `POST /legacy/payments`: old app versions send no key; a double tap (the same request within
@@ -95,9 +142,10 @@ async fn prepare(app: &AppState, req: NewPayment) -> Result<Payment, Response> {
 pub(crate) async fn create_legacy_payment(
     State(app): State<AppState>,
     user: AuthUser,
+    attempt: Attempt,
     Json(req): Json<NewPayment>,
 ) -> Response {
-    capture(&app, &user, req).await
+    capture(&app, &user, &attempt, &req).await
 }
 
 /// `POST /payments/{id}/refund`.
@@ -107,13 +155,27 @@ pub(crate) async fn refund_payment(
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Response {
-    refund(&app, &user, &id).await
+    let charge_id = match app.ledger.charge_of(&user.id, &id).await {
+        Ok(Some(charge_id)) => charge_id,
+        Ok(None) => return not_found(),
+        Err(e) => return database_error(&e),
+    };
+    if let Some(charge_id) = charge_id {
+        if let Err(e) = app.card.refund(&charge_id).await {
+            return database_error(&e);
+        }
+    }
+    match app.ledger.refund(&user.id, &id).await {
+        Ok(Some(payment)) => Json(payment).into_response(),
+        Ok(None) => not_found(),
+        Err(e) => database_error(&e),
+    }
 }
 
 pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) -> Response {
     match ledger.list(&user.id).await {
         Ok(payments) => Json(payments).into_response(),
-        Err(e) => internal(&e),
+        Err(e) => database_error(&e),
     }
 }
 
@@ -125,43 +187,15 @@ pub(crate) async fn get_payment(
     match ledger.get(&user.id, &id).await {
         Ok(Some(payment)) => Json(payment).into_response(),
         Ok(None) => not_found(),
-        Err(e) => internal(&e),
+        Err(e) => database_error(&e),
     }
 }
 
-/// Charges the card (simulated by `PAYMENT_LATENCY_MS`) and records the payment.
-async fn capture(app: &AppState, user: &AuthUser, req: NewPayment) -> Response {
-    if req.amount <= 0 {
-        return invalid("`amount` must be a positive number of minor units");
-    }
-    if req.currency.len() != 3 || !req.currency.bytes().all(|b| b.is_ascii_uppercase()) {
-        return invalid("`currency` must be an ISO 4217 code such as \"KRW\"");
-    }
-    card_network(app).await;
-    // The business write, one statement. `ledger::{sqlite, postgres}::insert` take any executor, so
-    // a transactional mode can run it in the transaction that also writes the idempotency record.
-    match app
-        .ledger
-        .capture(&user.id, req.amount, &req.currency)
-        .await
-    {
-        Ok(payment) => created(payment),
-        Err(e) => internal(&e),
-    }
-}
-
-async fn refund(app: &AppState, user: &AuthUser, id: &str) -> Response {
-    card_network(app).await;
-    match app.ledger.refund(&user.id, id).await {
-        Ok(Some(payment)) => Json(payment).into_response(),
-        Ok(None) => not_found(),
-        Err(e) => internal(&e),
-    }
-}
-
-async fn card_network(app: &AppState) {
-    if !app.latency.is_zero() {
-        tokio::time::sleep(app.latency).await;
+/// `GET /charges`: what the card network did for the caller, one element per charge.
+pub(crate) async fn list_charges(State(card): State<CardNetwork>, user: AuthUser) -> Response {
+    match card.charges(&user.id).await {
+        Ok(charges) => Json(charges).into_response(),
+        Err(e) => database_error(&e),
     }
 }
 
@@ -186,10 +220,35 @@ fn not_found() -> Response {
         .into_response()
 }
 
-/// A 500 releases the idempotency key, so the client's retry runs again: safe here because every
-/// handler writes the ledger in its last step.
-fn internal(error: &sqlx::Error) -> Response {
-    tracing::error!(%error, "ledger error");
+/// A database error. One a retry can fix (the database unreachable, restarting or out of
+/// connections) is a 503 with `Retry-After`, like idem's own `store-unavailable`; any other is a 500.
+/// Both release the idempotency key, so the client's retry runs again: safe here because the charge
+/// is deduplicated by the network and the payment by its charge.
+fn database_error(error: &sqlx::Error) -> Response {
+    use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+    let transient = match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // PostgreSQL's connection exceptions and shutdowns; SQLite's busy and locked.
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "5" || c == "6"),
+        _ => false,
+    };
+    tracing::error!(%error, transient, "database error");
+    if transient {
+        let problem = serde_json::json!({
+            "type": "urn:payments:problem:database-unavailable",
+            "title": "Database unavailable",
+            "status": 503,
+            "detail": "The payments database could not be reached. Retry with the same Idempotency-Key after Retry-After seconds.",
+        });
+        let headers = [(CONTENT_TYPE, "application/problem+json"), (RETRY_AFTER, "1")];
+        return (StatusCode::SERVICE_UNAVAILABLE, headers, problem.to_string()).into_response();
+    }
     (
         StatusCode::INTERNAL_SERVER_ERROR,
         Json(serde_json::json!({ "error": "internal error" })),

@@ -33,7 +33,9 @@
 
 mod api;
 pub mod auth;
+pub mod card;
 pub mod ledger;
+pub mod serve;
 pub mod store;
 
 use axum::extract::FromRef;
@@ -62,6 +64,8 @@ pub struct Config {
     pub idem_store_url: Option<String>,
     /// `PAYMENT_LATENCY_MS`: how long the simulated card network takes.
     pub payment_latency: Duration,
+    /// `HEADER_TIMEOUT_MS`, `MAX_CONNECTIONS`, `SHUTDOWN_GRACE_MS`: the server's bounds.
+    pub limits: serve::Limits,
 }
 
 impl Default for Config {
@@ -71,6 +75,7 @@ impl Default for Config {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             idem_store_url: None,
             payment_latency: Duration::ZERO,
+            limits: serve::Limits::default(),
         }
     }
 }
@@ -84,6 +89,14 @@ impl Config {
     /// Reads the variables through `lookup` (for tests); unset and empty variables take defaults.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, StartError> {
         let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let millis = |name: &str, default: Duration| match var(name) {
+            Some(v) => v.trim().parse().map(Duration::from_millis).map_err(|_| {
+                StartError::Config(format!(
+                    "{name} must be a whole number of milliseconds, not `{v}`"
+                ))
+            }),
+            None => Ok(default),
+        };
         let defaults = Self::default();
         Ok(Self {
             port: match var("PORT") {
@@ -94,13 +107,18 @@ impl Config {
             },
             database_url: var("DATABASE_URL").unwrap_or(defaults.database_url),
             idem_store_url: var("IDEM_STORE_URL"),
-            payment_latency: match var("PAYMENT_LATENCY_MS") {
-                Some(v) => Duration::from_millis(v.trim().parse().map_err(|_| {
-                    StartError::Config(format!(
-                        "PAYMENT_LATENCY_MS must be a whole number of milliseconds, not `{v}`"
-                    ))
-                })?),
-                None => defaults.payment_latency,
+            payment_latency: millis("PAYMENT_LATENCY_MS", defaults.payment_latency)?,
+            limits: serve::Limits {
+                header_timeout: millis("HEADER_TIMEOUT_MS", defaults.limits.header_timeout)?,
+                max_connections: match var("MAX_CONNECTIONS") {
+                    Some(v) => v.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        StartError::Config(format!(
+                            "MAX_CONNECTIONS must be a positive whole number, not `{v}`"
+                        ))
+                    })?,
+                    None => defaults.limits.max_connections,
+                },
+                shutdown_grace: millis("SHUTDOWN_GRACE_MS", defaults.limits.shutdown_grace)?,
             },
         })
     }
@@ -135,8 +153,8 @@ pub struct AppState {
     pub engine: Engine,
     /// The payments ledger.
     pub ledger: Ledger,
-    /// The simulated card network's latency.
-    pub latency: Duration,
+    /// The (simulated) card network.
+    pub card: card::CardNetwork,
     /// The background tasks (the sweeper); they stop when the last clone of the state is dropped.
     #[from_ref(skip)]
     pub background: Background,
@@ -216,6 +234,12 @@ pub(crate) fn scheme(url: &str) -> &str {
 /// go to `IDEM_STORE_URL` if set, else into the ledger's database on the ledger's pool; a sweeper
 /// purging records past retention runs as long as the router lives.
 pub async fn app(config: &Config) -> Result<Router, StartError> {
+    Ok(router(state(config).await?))
+}
+
+/// Opens the ledger, the card network and the idempotency store named by `config`: the router's
+/// state.
+pub async fn state(config: &Config) -> Result<AppState, StartError> {
     let ledger = Ledger::open(&config.database_url).await?;
     let records = store::open(config.idem_store_url.as_deref(), &ledger).await?;
     tracing::info!(records = %records.describe, "idempotency store ready");
@@ -232,13 +256,14 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
         )),
         None => None,
     };
-    Ok(router(AppState {
+    let card = card::CardNetwork::new(ledger.database().clone(), config.payment_latency);
+    Ok(AppState {
         engine,
         ledger,
-        latency: config.payment_latency,
+        card,
         background,
         transactional,
-    }))
+    })
 }
 
 /// The routes over `state`.
@@ -261,6 +286,7 @@ pub fn router(state: AppState) -> Router {
         .route("/payments/{id}", get(api::get_payment))
         .route("/payments/{id}/refund", post(api::refund_payment))
         .route("/legacy/payments", post(api::create_legacy_payment))
+        .route("/charges", get(api::list_charges))
         .with_state(state)
 }
 
@@ -268,15 +294,20 @@ pub fn router(state: AppState) -> Router {
 #[derive(Debug)]
 pub struct Server {
     listener: tokio::net::TcpListener,
-    router: Router,
+    state: AppState,
+    limits: serve::Limits,
 }
 
 impl Server {
-    /// Opens the stores ([`app`]) and binds 127.0.0.1:`config.port` (`0`: a free port).
+    /// Opens the stores ([`state`]) and binds 127.0.0.1:`config.port` (`0`: a free port).
     pub async fn bind(config: &Config) -> Result<Self, StartError> {
-        let router = app(config).await?;
+        let state = state(config).await?;
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
-        Ok(Self { listener, router })
+        Ok(Self {
+            listener,
+            state,
+            limits: config.limits,
+        })
     }
 
     /// The address the service listens on.
@@ -284,18 +315,42 @@ impl Server {
         Ok(self.listener.local_addr()?)
     }
 
-    /// Serves until Ctrl-C.
+    /// Serves until SIGTERM or Ctrl-C, then stops gracefully: no new connections, the requests in
+    /// progress answered, and the handlers idem still runs for clients that left (and their stored
+    /// responses) finished, all within the shutdown grace period.
     pub async fn run(self) -> Result<(), StartError> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        let engine = self.state.engine.clone();
+        let grace = self.limits.shutdown_grace;
+        serve::serve(self.listener, router(self.state), self.limits, stop_signal()).await;
+        tracing::info!("stopped accepting; finishing the handlers still running");
+        if !engine.shutdown(grace).await {
+            tracing::warn!("handlers still running at the end of the shutdown grace period; their keys are taken over once their lease runs out");
+        }
         Ok(())
     }
 }
 
-/// Serves [`app`] on 127.0.0.1:`config.port` until Ctrl-C.
+/// Resolves on SIGTERM (what a deploy sends) or Ctrl-C.
+async fn stop_signal() {
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    tracing::info!("stop signal received");
+}
+
+/// Serves [`app`] on 127.0.0.1:`config.port` until SIGTERM or Ctrl-C.
 pub async fn serve(config: Config) -> Result<(), StartError> {
     let server = Server::bind(&config).await?;
     tracing::info!("payments listening on http://{}", server.local_addr()?);

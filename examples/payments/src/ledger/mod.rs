@@ -113,19 +113,33 @@ impl Ledger {
         &self.db
     }
 
-    /// Records a captured payment for `owner`.
+    /// Records the payment of the card network's charge `charge_id` for `owner`, once per charge
+    /// (see [`sqlite::insert`]).
     pub async fn capture(
         &self,
         owner: &str,
         amount: i64,
         currency: &str,
+        charge_id: &str,
     ) -> Result<Payment, sqlx::Error> {
         let payment = Payment::captured(amount, currency);
         match &self.db {
-            Database::Sqlite(pool) => sqlite::insert(pool, owner, &payment).await?,
-            Database::Postgres(pool) => postgres::insert(pool, owner, &payment).await?,
+            Database::Sqlite(pool) => {
+                sqlite::insert(&mut *pool.acquire().await?, owner, &payment, charge_id).await
+            }
+            Database::Postgres(pool) => {
+                postgres::insert(&mut *pool.acquire().await?, owner, &payment, charge_id).await
+            }
         }
-        Ok(payment)
+    }
+
+    /// The card network's charge behind one of `owner`'s payments: `None` if the payment is not
+    /// theirs, `Some(None)` for a payment recorded without one.
+    pub async fn charge_of(&self, owner: &str, id: &str) -> Result<Option<Option<String>>, sqlx::Error> {
+        match &self.db {
+            Database::Sqlite(pool) => sqlite::charge_of(pool, owner, id).await,
+            Database::Postgres(pool) => postgres::charge_of(pool, owner, id).await,
+        }
     }
 
     /// `owner`'s payments, oldest first.
