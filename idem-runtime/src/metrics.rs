@@ -95,8 +95,8 @@ impl Outcome {
 /// Decision counters.
 ///
 /// Every request of every handler on an engine counts once, so one counter per outcome would be
-/// a cache line that each core takes from the others on each request. The counts are split into
-/// [`STRIPES`] lines instead, a thread writing to its own (chosen once per thread, round robin),
+/// a cache line that each core takes from the others on each request. The counts are split into a
+/// fixed number of lines instead, a thread writing to its own (chosen once per thread, round robin),
 /// and a read sums them.
 #[derive(Debug, Default)]
 pub struct Metrics {
