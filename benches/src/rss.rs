@@ -1,4 +1,4 @@
-//! Peak RSS of the payments example over a run of new keys, read from /proc/<pid>/status: VmRSS
+//! Peak RSS of the payments example over a run of new keys, read from `/proc/<pid>/status`: VmRSS
 //! split into its anonymous part (the heap and stacks: what a leak grows), its file-backed part
 //! (the binary's pages and mapped files) and its shared-memory part, plus the peak (VmHWM).
 //!

@@ -339,7 +339,7 @@ async fn main() {
             .await
         }
         "sqlite" => {
-            let backend = proof_support::sqlite().await.expect("sqlite");
+            let backend = proof_support::sqlite().await;
             let store = Arc::new(backend.open().await);
             let pool = store.pool().clone();
             let counter: Counter = Box::new(move || {
@@ -354,7 +354,7 @@ async fn main() {
             soak(store, counter, seconds, workers).await
         }
         "postgres" => {
-            let backend = proof_support::postgres().await.expect("postgres");
+            let backend = proof_support::postgres().await;
             let store = Arc::new(backend.open().await);
             let pool = store.pool().clone();
             let counter: Counter = Box::new(move || {
@@ -369,7 +369,7 @@ async fn main() {
             soak(store, counter, seconds, workers).await
         }
         "redis" => {
-            let backend = proof_support::redis().await.expect("redis");
+            let backend = proof_support::redis().await;
             let store = Arc::new(backend.open().await);
             let (url, pattern) = (backend.url().to_owned(), format!("{}:*", backend.prefix()));
             let counter: Counter = Box::new(move || {

@@ -7,9 +7,13 @@
 //! struct Memory;
 //! #[async_trait::async_trait]
 //! impl Backend for Memory { /* ... */ }
-//! async fn backend() -> Option<Memory> { Some(Memory) }
+//! async fn backend() -> Memory { Memory }
 //! idem_tests::conformance_suite!(backend);
 //! ```
+//!
+//! A backend on a service passes the attribute that ignores its cases when `IDEM_TEST_SKIP` names
+//! the service (see [`services`](crate::services)):
+//! `conformance_suite!(postgres, #[cfg_attr(skip_postgres, ignore = "…")])`.
 //!
 //! Time is a [`ManualClock`]: expiry, lease takeover and purging are driven by moving it, never by
 //! sleeping. Waiting is synchronised on the store's own subscription (a wrapper signals when the
@@ -842,11 +846,11 @@ impl<S: Store + Purge> Purge for ArcPurge<S> {
 }
 
 /// Expands to one `#[tokio::test]` per conformance case for the backend that `$make` (an async fn
-/// returning `Option<impl Backend>`; `None` means the service is unreachable outside CI) yields.
+/// returning an `impl Backend`) yields, each case carrying the optional attribute.
 #[macro_export]
 macro_rules! conformance_suite {
-    ($make:path) => {
-        $crate::conformance_suite!(@cases $make;
+    ($make:path $(, #[$attr:meta])?) => {
+        $crate::conformance_suite!(@cases $make; [$(#[$attr])?];
             new_key_executes_then_replays,
             stored_response_round_trips,
             different_request_is_a_mismatch,
@@ -868,13 +872,15 @@ macro_rules! conformance_suite {
             purge_deletes_in_batches,
         );
     };
-    (@cases $make:path; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let Some(backend) = $make().await else { return };
-                $crate::conformance::$case(backend).await;
-            }
-        )*
+    // The attribute travels as one token tree, so that it can be repeated for every case.
+    (@cases $make:path; $attrs:tt; $($case:ident),* $(,)?) => {
+        $($crate::conformance_suite!(@case $make; $attrs; $case);)*
+    };
+    (@case $make:path; [$($attr:tt)*]; $case:ident) => {
+        $($attr)*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            $crate::conformance::$case($make().await).await;
+        }
     };
 }

@@ -1,8 +1,10 @@
 //! Where the shared services are, and what a test does when one is not there.
 //!
 //! Tests read `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local services
-//! the development and CI machines run. Under CI (`CI=true`) an unreachable service fails the test;
-//! on a laptop without it the test prints plainly that it was skipped.
+//! the development and CI machines run. A test whose service is unreachable fails, saying how to
+//! start it. To run without a service, name it in `IDEM_TEST_SKIP` (`postgres`, `redis`): the
+//! tests that need it are then ignored, with the reason, and counted as such in `cargo test`'s
+//! summary (see `tests/build.rs`); under `CI=true` nothing is skipped.
 //!
 //! [`TestDb`] and [`RedisPrefix`] give a test a database or a key prefix of its own, removed when
 //! the test ends.
@@ -23,19 +25,49 @@ pub fn redis_url() -> String {
     std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-/// Whether this run is under CI, where a missing service is a failure.
-pub fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+/// A service the tests need, and what to tell a developer who does not have it running.
+struct Service {
+    name: &'static str,
+    /// The variable that points the tests at it.
+    url_var: &'static str,
+    /// README.md's command that starts it on a development machine.
+    start: &'static str,
+    /// Its name in `IDEM_TEST_SKIP`.
+    skip: &'static str,
 }
 
-/// Handles an unreachable service: panics under CI, otherwise says plainly that the test is skipped.
-/// Returns `None` so callers can `return` from the test.
-pub fn unreachable_service<T>(service: &str, error: &dyn std::fmt::Display) -> Option<T> {
-    if under_ci() {
-        panic!("{service} is required under CI but unreachable: {error}");
+const POSTGRES: Service = Service {
+    name: "PostgreSQL",
+    url_var: "IDEM_TEST_POSTGRES_URL",
+    start: "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    skip: "postgres",
+};
+
+const REDIS: Service = Service {
+    name: "Redis",
+    url_var: "IDEM_TEST_REDIS_URL",
+    start: r#"redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no"#,
+    skip: "redis",
+};
+
+impl Service {
+    /// Fails the test: the service is unreachable at `url`. Says how to start it, where else to
+    /// point the tests, and how to run them without it.
+    fn unreachable(&self, url: &str, error: &dyn std::fmt::Display) -> ! {
+        let Self {
+            name,
+            url_var,
+            start,
+            skip,
+        } = self;
+        panic!(
+            "{name} is unreachable at {url}: {error}\n\
+             Start it with\n    {start}\n\
+             or point {url_var} at a running one, or run the tests without it:\n    \
+             IDEM_TEST_SKIP={skip} cargo test --workspace\n\
+             (the tests that need it are then reported as ignored; with CI=true none are)"
+        );
     }
-    eprintln!("SKIPPED: {service} is unreachable ({error}); start it as README.md describes");
-    None
 }
 
 /// A PostgreSQL database of its own on the server at [`postgres_url`], dropped with this value (also
@@ -52,15 +84,16 @@ const DB_PREFIX: &str = "idem_test_";
 const STALE_AFTER_SECS: u64 = 3600;
 
 impl TestDb {
-    /// Creates the database; `None` (after [`unreachable_service`]) if the server cannot be reached.
-    pub async fn create() -> Option<Self> {
-        let server: PgConnectOptions = match postgres_url().parse() {
+    /// Creates the database; fails the test, saying how to start the server, if it is unreachable.
+    pub async fn create() -> Self {
+        let url = postgres_url();
+        let server: PgConnectOptions = match url.parse() {
             Ok(options) => options,
-            Err(e) => return unreachable_service("PostgreSQL", &e),
+            Err(e) => POSTGRES.unreachable(&url, &e),
         };
         let mut admin = match server.clone().database("postgres").connect().await {
             Ok(conn) => conn,
-            Err(e) => return unreachable_service("PostgreSQL", &e),
+            Err(e) => POSTGRES.unreachable(&url, &e),
         };
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -87,7 +120,7 @@ impl TestDb {
             .execute(&mut admin)
             .await
             .expect("create test database");
-        Some(Self { server, name })
+        Self { server, name }
     }
 
     /// Connection options for this database.
@@ -152,9 +185,9 @@ pub struct RedisPrefix {
 }
 
 impl RedisPrefix {
-    /// A new prefix, `idem-test-<uuid>`; `None` (after [`unreachable_service`]) if the server
-    /// cannot be reached.
-    pub async fn create() -> Option<Self> {
+    /// A new prefix, `idem-test-<uuid>`; fails the test, saying how to start the server, if it is
+    /// unreachable.
+    pub async fn create() -> Self {
         let url = redis_url();
         let reachable = async {
             let client = redis::Client::open(url.as_str())?;
@@ -162,12 +195,12 @@ impl RedisPrefix {
             redis::cmd("PING").query_async::<()>(&mut conn).await
         };
         if let Err(e) = reachable.await {
-            return unreachable_service("Redis", &e);
+            REDIS.unreachable(&url, &e);
         }
-        Some(Self {
+        Self {
             url,
             prefix: format!("idem-test-{}", uuid::Uuid::new_v4()),
-        })
+        }
     }
 
     /// The server's URL.

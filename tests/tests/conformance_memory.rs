@@ -19,8 +19,8 @@ impl Backend for Memory {
     }
 }
 
-async fn memory() -> Option<Memory> {
-    Some(Memory)
+async fn memory() -> Memory {
+    Memory
 }
 
 idem_tests::conformance_suite!(memory);

@@ -74,13 +74,16 @@ impl Backend for Postgres {
     }
 }
 
-async fn postgres() -> Option<Postgres> {
-    Some(Postgres {
-        db: TestDb::create().await?,
-    })
+async fn postgres() -> Postgres {
+    Postgres {
+        db: TestDb::create().await,
+    }
 }
 
-idem_tests::conformance_suite!(postgres);
+idem_tests::conformance_suite!(
+    postgres,
+    #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+);
 
 fn claim_of<'a>(key: &'a idem_runtime::RecordKey, token: FencingToken) -> Claim<'a> {
     Claim {
@@ -106,11 +109,10 @@ async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey
 
 /// A completion on instance A wakes a waiter on instance B, which shares nothing with A but the
 /// database: the wake-up can only come through NOTIFY.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_on_one_instance_wakes_a_waiter_on_another() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let a = db.store().await;
     let b = db.store().await;
 
@@ -170,11 +172,10 @@ async fn completion_on_one_instance_wakes_a_waiter_on_another() {
 }
 
 /// Through the engine, woken through LISTEN/NOTIFY (the shared case in `idem_tests::conformance`).
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_duplicate_on_another_instance_is_woken_through_the_database() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     idem_tests::conformance::a_waiting_duplicate_on_another_instance_is_woken(
         db.store().await,
         db.store().await,
@@ -186,11 +187,10 @@ async fn a_waiting_duplicate_on_another_instance_is_woken_through_the_database()
 /// commits of notifying transactions, so a NOTIFY per completion would cap a busy service's
 /// completion rate. Observed by a raw listener on the channel; a sentinel notification sent after
 /// each operation proves that nothing came before it.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_awaited_records_are_notified() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let store = db.store().await;
     let pool = db.pool().await;
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
@@ -256,11 +256,10 @@ async fn only_awaited_records_are_notified() {
 
 /// A replay reads the record without writing it: the row's version (xmin, ctid) stays the same, so
 /// no `DO UPDATE` or other write happened.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_do_not_write() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let store = db.store().await;
     let key = fresh_key();
     claim_and_complete(&store, &key).await;
@@ -311,11 +310,10 @@ async fn replays_do_not_write() {
 /// A replay's claim statement is a primary-key read: PostgreSQL never executes its insert branch
 /// (`idem.insert_claim`), whose cost a replay would otherwise pay. A new key does execute it, once.
 /// Read from `EXPLAIN ANALYZE` of the statement the store issues, with the store's binds.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_never_execute_the_insert() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let store = db.store().await;
     let existing = fresh_key();
     claim_and_complete(&store, &existing).await;
@@ -344,11 +342,10 @@ async fn replays_never_execute_the_insert() {
 /// The store's migrations keep their own history (`idem._sqlx_migrations`), so an application's
 /// migrator in the same database neither sees them nor needs `set_ignore_missing`, and both can run
 /// on every start.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_coexist_with_the_applications() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("1_ledger.sql"),
@@ -388,11 +385,10 @@ async fn migrations_coexist_with_the_applications() {
 /// A rolling deploy or a rollback: an instance whose idem is older than the database's schema (the
 /// history holds a version it does not know) still starts and works, since idem's migrations only
 /// add. Without `ignore_missing` sqlx refuses with "previously applied but is missing".
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_version_starts_after_a_later_one_migrated() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let pool = db.pool().await;
     PostgresStore::migrate(&pool).await.expect("migrate");
     sqlx::query(
@@ -411,11 +407,10 @@ async fn an_earlier_version_starts_after_a_later_one_migrated() {
 }
 
 /// Several instances starting at once all migrate successfully.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_starting_together_migrate_once() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let db = std::sync::Arc::new(db);
     let starts: Vec<_> = (0..4)
         .map(|_| {
@@ -432,11 +427,10 @@ async fn instances_starting_together_migrate_once() {
 }
 
 /// A record with an undecodable state is reported as corrupt, not as a missing or new key.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_record_is_corrupt() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let store = db.store().await;
     let key = fresh_key();
     sqlx::query(
@@ -465,11 +459,10 @@ async fn undecodable_record_is_corrupt() {
 /// read took, the other's. It must read again and return the other's record, never claim it too.
 /// The claim statement itself does that read (inside `idem.insert_claim`, under a new snapshot): one
 /// row, not inserted, their token, rather than nothing and a second run of the statement.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let store = std::sync::Arc::new(db.store().await);
     let pool = db.pool().await;
     let key = fresh_key();
@@ -557,11 +550,10 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
 /// costs at most one failed (Unavailable) operation, then the store works again by itself; the
 /// listener reconnects, wakes its waiters (their notifications may have been lost), and hears
 /// completions again.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_recovers_when_its_connections_are_cut() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let a = db.store().await;
     let b = db.store().await;
     let admin = db.pool().await;

@@ -52,11 +52,14 @@ impl Backend for Redis {
     }
 }
 
-async fn redis() -> Option<Redis> {
-    services::RedisPrefix::create().await.map(Redis::new)
+async fn redis() -> Redis {
+    Redis::new(services::RedisPrefix::create().await)
 }
 
-idem_tests::conformance_suite!(redis);
+idem_tests::conformance_suite!(
+    redis,
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+);
 
 mod redis_only {
     use super::redis;
@@ -103,9 +106,10 @@ mod redis_only {
 
     /// A completion on instance A wakes a waiter on instance B, which shares nothing with A but the
     /// Redis server: the wake-up can only come through pub/sub, and only because B announced itself.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn completion_on_one_instance_wakes_a_waiter_on_another() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let a = backend.store().await;
         let b = backend.store().await;
         assert!(b.is_subscribed(), "connect returns once subscribed");
@@ -151,9 +155,10 @@ mod redis_only {
     }
 
     /// Through the engine, woken through pub/sub (the shared case in `idem_tests::conformance`).
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_duplicate_on_another_instance_is_woken_through_redis() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         idem_tests::conformance::a_waiting_duplicate_on_another_instance_is_woken(
             backend.store().await,
             backend.store().await,
@@ -165,9 +170,10 @@ mod redis_only {
     /// instance's listener, so a message per completion would cost every instance work for every
     /// request. Observed by a raw subscriber on the channel; a sentinel published after each operation
     /// proves that nothing came before it.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_awaited_records_are_published() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let store = backend.store().await;
         let channel = format!("{}:done", backend.prefix);
         let mut conn = raw(&backend).await;
@@ -270,9 +276,10 @@ mod redis_only {
     /// decodes the record, then replaces it with a script that checks it is still the one decoded, so
     /// exactly one claim wins and every other sees the winner's claim. A takeover keeps the key's TTL
     /// and the record's times; a replaced forgotten record gets the new claim's.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_replacements_elect_exactly_one() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let store = Arc::new(backend.store().await);
         let mut conn = raw(&backend).await;
         let pttl = async |conn: &mut redis::aio::MultiplexedConnection, key: &str| -> i64 {
@@ -331,9 +338,10 @@ mod redis_only {
 
     /// A replay, a mismatch and a fresh claim are each one plain `SET … NX GET`; a new request adds
     /// one script, the completion.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_replay_is_one_plain_command() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let proxy = Proxy::redis(&backend.url).await;
         let store = RedisStore::builder(proxy.url())
             .prefix(&backend.prefix)
@@ -377,9 +385,10 @@ mod redis_only {
         assert_eq!(sent_since(before), ["EVALSHA"], "the completion script");
     }
 
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_outage_fails_promptly_and_service_resumes_by_itself() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let proxy = Proxy::redis(&backend.url).await;
         let store = RedisStore::builder(proxy.url())
             .prefix(&backend.prefix)
@@ -455,9 +464,10 @@ mod redis_only {
         assert!(resumed, "the engine runs requests again");
     }
 
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lazy_store_starts_while_redis_is_down_and_connects_when_it_returns() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let proxy = Proxy::redis(&backend.url).await;
         proxy.cut();
         let store = RedisStore::builder(proxy.url())
@@ -481,9 +491,10 @@ mod redis_only {
             .expect("the lazy store subscribes to completions once redis is back");
     }
 
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_completions_subscription_comes_back_after_an_outage() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let proxy = Proxy::redis(&backend.url).await;
         let a = backend.store().await;
         let b = RedisStore::builder(proxy.url())
@@ -536,9 +547,10 @@ mod redis_only {
     /// Values the store cannot read are reported as corrupt, by every operation, and never changed:
     /// not by a claim (even one that would find the record past retention), an announcement, a
     /// completion, a release or a purge.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unreadable_records_are_corrupt_and_left_alone() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let store = backend.store().await;
         let mut conn = raw(&backend).await;
         let later = T0 + Duration::from_secs(5 * 3600);
@@ -624,9 +636,10 @@ mod redis_only {
         );
     }
 
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn purging_continues_one_pass_over_the_keyspace_and_skips_nothing() {
-        let Some(backend) = redis().await else { return };
+        let backend = redis().await;
         let store = Arc::new(backend.store().await);
         let scope = format!("sweep-{}", uuid::Uuid::new_v4());
         let keys: Vec<_> = (0..300)

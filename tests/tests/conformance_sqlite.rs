@@ -32,10 +32,10 @@ impl Backend for Sqlite {
     }
 }
 
-async fn sqlite() -> Option<Sqlite> {
+async fn sqlite() -> Sqlite {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
-    Some(Sqlite { url, _dir: dir })
+    Sqlite { url, _dir: dir }
 }
 
 idem_tests::conformance_suite!(sqlite);

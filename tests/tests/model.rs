@@ -493,15 +493,13 @@ async fn instances<B: Backend>(backend: &B) -> Vec<Arc<B::Store>> {
     vec![first, second]
 }
 
-fn sequential<B: Backend>(make: impl std::future::Future<Output = Option<B>>) {
+fn sequential<B: Backend>(make: impl std::future::Future<Output = B>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let Some(backend) = runtime.block_on(make) else {
-        return;
-    };
+    let backend = runtime.block_on(make);
     let stores = runtime.block_on(instances(&backend));
     let run = uuid::Uuid::new_v4().simple().to_string();
     let n = AtomicU64::new(0);
@@ -653,15 +651,13 @@ async fn run_race<S: Store + Purge>(
     Ok(())
 }
 
-fn concurrent<B: Backend>(make: impl std::future::Future<Output = Option<B>>) {
+fn concurrent<B: Backend>(make: impl std::future::Future<Output = B>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let Some(backend) = runtime.block_on(make) else {
-        return;
-    };
+    let backend = runtime.block_on(make);
     let stores = runtime.block_on(instances(&backend));
     let run = uuid::Uuid::new_v4().simple().to_string();
     let n = AtomicU64::new(0);
@@ -683,9 +679,10 @@ fn concurrent<B: Backend>(make: impl std::future::Future<Output = Option<B>>) {
 }
 
 macro_rules! model_tests {
-    ($($backend:ident),*) => {
+    ($($(#[$attr:meta])* $backend:ident),*) => {
         mod sequential {
             $(
+                $(#[$attr])*
                 #[test]
                 fn $backend() {
                     super::sequential(super::proof_support::$backend());
@@ -694,6 +691,7 @@ macro_rules! model_tests {
         }
         mod concurrent {
             $(
+                $(#[$attr])*
                 #[test]
                 fn $backend() {
                     super::concurrent(super::proof_support::$backend());
@@ -703,4 +701,11 @@ macro_rules! model_tests {
     };
 }
 
-model_tests!(memory, sqlite, postgres, redis);
+model_tests!(
+    memory,
+    sqlite,
+    #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+    postgres,
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+    redis
+);

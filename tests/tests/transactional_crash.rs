@@ -176,20 +176,18 @@ async fn sqlite_killed_after_commit_the_retry_replays() {
     killed_after_commit_the_retry_replays(&url, || sqlite_rows(&url)).await;
 }
 
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test]
 async fn postgres_killed_before_commit_the_retry_executes_once() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let url = db.url();
     killed_before_commit_the_retry_executes_once(&url, || postgres_rows(&db)).await;
 }
 
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test]
 async fn postgres_killed_after_commit_the_retry_replays() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let url = db.url();
     killed_after_commit_the_retry_replays(&url, || postgres_rows(&db)).await;
 }

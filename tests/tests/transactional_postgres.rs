@@ -29,14 +29,14 @@ struct Postgres {
     _db: TestDb,
 }
 
-async fn setup() -> Option<Postgres> {
+async fn setup() -> Postgres {
     // 16 concurrent requests.
     setup_with(PostgresStore::pool_options().max_connections(24)).await
 }
 
 /// The app on a pool made with `options`.
-async fn setup_with(options: sqlx::postgres::PgPoolOptions) -> Option<Postgres> {
-    let db = TestDb::create().await?;
+async fn setup_with(options: sqlx::postgres::PgPoolOptions) -> Postgres {
+    let db = TestDb::create().await;
     let pool = options.connect_with(db.options()).await.expect("connect");
     sqlx::query(LEDGER)
         .execute(&pool)
@@ -52,7 +52,7 @@ async fn setup_with(options: sqlx::postgres::PgPoolOptions) -> Option<Postgres> 
         txn: txn.clone(),
         controls: controls.clone(),
     });
-    Some(Postgres {
+    Postgres {
         store,
         checks,
         engine,
@@ -61,7 +61,7 @@ async fn setup_with(options: sqlx::postgres::PgPoolOptions) -> Option<Postgres> 
         txn,
         router,
         _db: db,
-    })
+    }
 }
 
 struct Locked(sqlx::Transaction<'static, sqlx::Postgres>);
@@ -173,9 +173,10 @@ impl Postgres {
 
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {$(
+        #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $name() {
-            let Some(backend) = setup().await else { return };
+            let backend = setup().await;
             transactional_support::$name(&backend).await;
         }
     )*};
@@ -196,13 +197,12 @@ cases!(
 /// The claim waits under idem's `lock_timeout` (the policy's `wait`), but the handler's statements run
 /// under the session's own: a fresh claim restores it in the message that opens the transaction (its
 /// `INSERT`'s `RETURNING`), a takeover of a dead non-transactional claim with a statement of its own.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handler_runs_under_the_sessions_lock_timeout() {
     use idem_runtime::engine::Begin;
 
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let pool = PostgresStore::pool_options()
         .max_connections(2)
         .connect_with(db.options().options([("lock_timeout", "7s")]))
@@ -253,14 +253,13 @@ async fn the_handler_runs_under_the_sessions_lock_timeout() {
 /// original commits every duplicate replays it. (Blocked on the key's unique index instead, two of
 /// them held the pool's other connections and the other key's request failed with 503 when its
 /// acquire timed out.)
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_duplicate_storm_leaves_the_pool_to_other_keys() {
     let options = PostgresStore::pool_options()
         .max_connections(3)
         .acquire_timeout(Duration::from_secs(2));
-    let Some(b) = setup_with(options).await else {
-        return;
-    };
+    let b = setup_with(options).await;
     let router = b.router();
     let body = serde_json::json!({"amount": 5, "hold": true});
     let mut tasks = tokio::task::JoinSet::new();
@@ -307,11 +306,10 @@ async fn a_duplicate_storm_leaves_the_pool_to_other_keys() {
 /// Turns are per process: duplicates sent to a second instance (its own store and pool on the same
 /// database) do not see the first instance's turn. One of them opens a transaction and blocks on
 /// the key's unique index, the others wait for that one's turn; at the commit all of them replay.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicates_on_another_instance_wait_on_the_unique_index() {
-    let Some(a) = setup().await else {
-        return;
-    };
+    let a = setup().await;
     let (other_txn, other_instance) = a.another_instance().await;
 
     let body = serde_json::json!({"amount": 8, "hold": true});
@@ -344,11 +342,10 @@ async fn duplicates_on_another_instance_wait_on_the_unique_index() {
 /// A duplicate from another instance blocks on the key's unique index under idem's `lock_timeout`:
 /// with `wait = "0s"` the lock wait fails at once (55P03) and the duplicate gets 409 +
 /// `Retry-After`, counted as a conflict; the original still commits and the next retry replays.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_duplicate_on_another_instance_blocked_past_the_wait_gets_409() {
-    let Some(a) = setup().await else {
-        return;
-    };
+    let a = setup().await;
     let (other_txn, other_instance) = a.another_instance().await;
     let body = serde_json::json!({"amount": 9, "hold": true});
     let original = tokio::spawn(sent(&a.router(), post("/quick", "ivan", "q", body.clone())));
@@ -384,11 +381,10 @@ async fn a_duplicate_on_another_instance_blocked_past_the_wait_gets_409() {
 /// up (a deferred trigger on the ledger waits for an advisory lock the test holds), duplicates sent
 /// meanwhile find the turn still taken and wait for it, rather than opening transactions of their
 /// own to block on the key's index, and replay once the commit goes through.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_turn_outlasts_the_commit() {
-    let Some(b) = setup().await else {
-        return;
-    };
+    let b = setup().await;
     for ddl in [
         "CREATE FUNCTION commit_gate() RETURNS trigger LANGUAGE plpgsql AS
          $$ BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NULL; END $$",
@@ -432,11 +428,10 @@ async fn the_turn_outlasts_the_commit() {
 
 /// Turns belong to the store: a second `Transactional` built on the same store object (another
 /// router's state, say) shares them, so its duplicate waits for the turn, not on the index.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_transactional_on_one_store_shares_its_turns() {
-    let Some(b) = setup().await else {
-        return;
-    };
+    let b = setup().await;
     let second = Transactional::new(
         Engine::from_arc(b.store.clone()).with_clock(b.clock.clone()),
         b.store.clone(),
@@ -515,11 +510,10 @@ fn is_opening_message(query: &str) -> bool {
 /// A fresh key's claim is made by the message that opens the transaction: before the handler sends
 /// anything, the claim's connection is idle in a transaction whose one message inserted the
 /// in-flight record and ended with the `BEGIN`, and the record is visible inside it only.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_claim_rides_in_the_message_that_opens_the_transaction() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let (_store, txn, checks) = by_hand(&db, 2).await;
     let fp = Fingerprint::of_request("POST", "/t", None, b"");
     let key = RecordKey::new("lena", "one-message");
@@ -546,13 +540,12 @@ async fn a_fresh_claim_rides_in_the_message_that_opens_the_transaction() {
 /// The claim's values are written into that message's text: a scope and key made of quotes,
 /// backslashes, semicolons, dollar quotes and non-ASCII characters are stored exactly as given and
 /// run nothing.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_reach_the_opening_message_as_data_only() {
     use idem_runtime::StoredResponse;
 
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let (_store, txn, checks) = by_hand(&db, 2).await;
     let fp = Fingerprint::of_request("POST", "/t", None, b"");
     let scope = "o'brien\\'; $$";
@@ -592,11 +585,10 @@ async fn keys_reach_the_opening_message_as_data_only() {
 /// insert fail; that message's implicit transaction then rolls back by itself, so on a pool of one
 /// connection the claim that follows (which replaces the old record) gets a clean connection, and
 /// the handler runs.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_opening_message_leaves_its_connection_clean() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let (store, txn, checks) = by_hand(&db, 1).await;
     sqlx::query(
         "INSERT INTO idem.records (scope, key, fingerprint, token, created_at, expires_at,
@@ -635,11 +627,10 @@ async fn a_failed_opening_message_leaves_its_connection_clean() {
 /// uncommitted claim of the key still ends cleanly: when that message completes on the server, its
 /// transaction is rolled back, and the pool's one connection goes back idle, not inside it (sqlx
 /// queues no rollback for a `BEGIN` dropped before it answered).
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_claim_leaves_no_transaction_in_the_pool() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let app = "idem-cancelled";
     let (_store, txn, checks) = by_hand_with(&db, db.options().application_name(app), 1).await;
 

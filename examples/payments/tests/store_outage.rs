@@ -66,11 +66,10 @@ async fn an_outage_answers_503_and_service_resumes_by_itself(instance: &Instance
     }
 }
 
+#[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_in_redis() {
-    let Some(redis) = RedisPrefix::create().await else {
-        return;
-    };
+    let redis = RedisPrefix::create().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let proxy = Proxy::redis(redis.url()).await;
     let ledger = format!("sqlite://{}/payments.db?mode=rwc", dir.path().display());
@@ -79,11 +78,10 @@ async fn records_in_redis() {
     an_outage_answers_503_and_service_resumes_by_itself(&instance, &proxy).await;
 }
 
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_in_postgres() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
+    let db = TestDb::create().await;
     let direct = db.options();
     let server = proxy::resolve(&format!("{}:{}", direct.get_host(), direct.get_port())).await;
     let proxy = Proxy::start(server).await;
