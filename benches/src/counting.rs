@@ -16,6 +16,7 @@ pub(crate) struct Calls {
     pub(crate) claim: AtomicU64,
     pub(crate) complete: AtomicU64,
     pub(crate) release: AtomicU64,
+    pub(crate) renew: AtomicU64,
     pub(crate) get: AtomicU64,
     pub(crate) subscribe: AtomicU64,
     pub(crate) announce: AtomicU64,
@@ -45,6 +46,15 @@ impl Store for CountingStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.calls.release.fetch_add(1, Relaxed);
         self.inner.release(key, token).await
+    }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.calls.renew.fetch_add(1, Relaxed);
+        self.inner.renew(key, token, lease_until).await
     }
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         self.calls.get.fetch_add(1, Relaxed);

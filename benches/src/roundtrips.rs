@@ -276,7 +276,7 @@ async fn business_with_idem(txn: &Transactional<PostgresStore>, scope: &str, k: 
         Ok(TxBegin::Execute(mut claim)) => {
             sqlx::query(LEDGER_WRITE)
                 .bind(k)
-                .execute(&mut **claim.tx())
+                .execute(claim.tx.conn().await.expect("begin"))
                 .await
                 .expect("write");
             claim.complete(&floors::response()).await.expect("complete");

@@ -389,6 +389,16 @@ impl Engine {
     }
 }
 
+/// Where a claim stands after the store refused it as not in flight under its token.
+enum Standing {
+    /// In flight under its token (again).
+    Held,
+    /// Completed under its token: an earlier attempt whose answer was lost did store it.
+    Completed,
+    /// Another claim holds the key.
+    Lost,
+}
+
 pub(crate) enum Found {
     Expired {
         expires_at: Timestamp,
@@ -511,7 +521,9 @@ impl ClaimGuard {
                 engine.inner.metrics.record(Outcome::Renewed, self.handler);
                 true
             }
-            Err(e) if e.kind() == StoreErrorKind::Fenced => self.reclaim().await,
+            Err(e) if e.kind() == StoreErrorKind::Fenced => {
+                matches!(self.reclaim().await, Standing::Held)
+            }
             Err(e) => {
                 tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
                     key = %self.key.key, error = %e, "could not renew the claim's lease");
@@ -520,10 +532,9 @@ impl ClaimGuard {
         }
     }
 
-    /// The store no longer has this claim. If its record vanished (a store that lost its data),
-    /// claims it again under the same token and returns true; if another claim holds the key
-    /// (this one was taken over after its lease ran out), returns false.
-    async fn reclaim(&self) -> bool {
+    /// The store no longer has this claim in flight. If its record vanished (a store that lost its
+    /// data), claims it again under the same token. Says where the claim stands now.
+    async fn reclaim(&self) -> Standing {
         let engine = &self.engine;
         let now = engine.now();
         let claim = Claim {
@@ -540,14 +551,21 @@ impl ClaimGuard {
             Ok(ClaimOutcome::Claimed { .. }) => {
                 tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
                     key = %self.key.key, "the store lost a running claim's record; claimed it again");
-                true
+                Standing::Held
+            }
+            // An attempt whose answer was lost had stored the response after all.
+            Ok(ClaimOutcome::Existing(record))
+                if record.token == self.token
+                    && matches!(record.state, RecordState::Completed { .. }) =>
+            {
+                Standing::Completed
             }
             Ok(ClaimOutcome::Existing(_)) => {
                 tracing::error!(target: "idem", handler = self.handler, scope = %self.key.scope,
                     key = %self.key.key, "the claim was taken over while its work was running (its lease could not be renewed)");
-                false
+                Standing::Lost
             }
-            Err(_) => true,
+            Err(_) => Standing::Held,
         }
     }
 
@@ -559,10 +577,12 @@ impl ClaimGuard {
         let store = engine.inner.store.as_ref();
         let complete = || store.complete(&self.key, self.token, response);
         let mut result = engine.call("complete", complete()).await;
-        if result.as_ref().is_err_and(|e| e.kind() == StoreErrorKind::Fenced)
-            && self.reclaim().await
-        {
-            result = engine.call("complete", complete()).await;
+        if result.as_ref().is_err_and(|e| e.kind() == StoreErrorKind::Fenced) {
+            match self.reclaim().await {
+                Standing::Held => result = engine.call("complete", complete()).await,
+                Standing::Completed => result = Ok(()),
+                Standing::Lost => {}
+            }
         }
         if let Err(e) = &result {
             engine

@@ -435,8 +435,18 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// A pooled connection. A pool that times out with every connection open and in use is
+    /// [busy](super::StoreErrorKind::Busy); one that could not open the connections it lacks is
+    /// [unavailable](super::StoreErrorKind::Unavailable): the database is down or unreachable.
     async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-        Ok(self.pool.acquire().await?)
+        self.pool.acquire().await.map_err(|e| match e {
+            sqlx::Error::PoolTimedOut
+                if self.pool.size() < self.pool.options().get_max_connections() =>
+            {
+                StoreError::unavailable(e)
+            }
+            e => StoreError::from(e),
+        })
     }
 }
 
@@ -501,7 +511,7 @@ impl Store for PostgresStore {
             .bind(&key.key)
             .bind(token.0)
             .bind(lease_until.as_millis())
-            .execute(&self.pool)
+            .execute(&mut *self.acquire().await?)
             .await?;
         ops::fenced_unless_one(done.rows_affected())
     }

@@ -106,11 +106,18 @@ async fn create_pg(
     Json(req): Json<NewEntry>,
 ) -> Response {
     let id = new_id();
+    let conn = match tx.conn().await {
+        Ok(conn) => conn,
+        Err(e) => {
+            eprintln!("ledger: {e}");
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+    };
     if let Err(e) = sqlx::query(INSERT)
         .bind(&id)
         .bind(&user.0)
         .bind(req.amount)
-        .execute(&mut *tx)
+        .execute(conn)
         .await
     {
         eprintln!("ledger: {e}");
@@ -128,11 +135,18 @@ async fn create_sqlite(
     Json(req): Json<NewEntry>,
 ) -> Response {
     let id = new_id();
+    let conn = match tx.conn().await {
+        Ok(conn) => conn,
+        Err(e) => {
+            eprintln!("ledger: {e}");
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+    };
     if let Err(e) = sqlx::query(INSERT)
         .bind(&id)
         .bind(&user.0)
         .bind(req.amount)
-        .execute(&mut *tx)
+        .execute(conn)
         .await
     {
         eprintln!("ledger: {e}");

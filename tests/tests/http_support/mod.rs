@@ -68,6 +68,14 @@ impl Store for TestStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(key, token, lease_until).await
+    }
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         self.inner.get(key, now).await
     }
