@@ -54,7 +54,13 @@ async fn the_deadline_stops_the_attempts() {
     let ended = Instant::now();
 
     assert!(error.is_deadline(), "{error}");
-    assert_eq!(error.stop_reason(), &StopReason::Deadline { deadline });
+    assert_eq!(
+        error.stop_reason(),
+        &StopReason::Deadline {
+            deadline,
+            retry_after: None
+        }
+    );
     assert!(error.to_string().contains("deadline"), "{error}");
     assert!(
         ended - started <= deadline,
@@ -117,7 +123,8 @@ async fn an_attempt_timeout_retries_a_hung_attempt_with_the_same_key() {
 async fn an_exhausted_budget_fails_fast() {
     // Retry-After: 5 on every answer, so any further attempt would come at least 5 s later.
     let server = FaultServer::start([], Step::status(503).header("retry-after", "5")).await;
-    let budget = RetryBudget::new(2);
+    // Two retries' worth: 10 tokens at 5 a retry.
+    let budget = RetryBudget::new(10);
     let client = Client::builder()
         .max_attempts(10)
         .deadline(None)
@@ -137,7 +144,7 @@ async fn an_exhausted_budget_fails_fast() {
         3,
         "the first attempt and the 2 retries the budget held"
     );
-    assert_eq!(budget.available(), 0.0);
+    assert_eq!(budget.available(), Some(0));
     let last = server.seen().last().unwrap().at;
     assert!(
         Instant::now() - last < Duration::from_secs(5),
