@@ -30,7 +30,7 @@ use std::sync::Arc;
 /// ```
 /// use idem_runtime::client::RetryBudget;
 ///
-/// // The defaults: 500 tokens, a retry costs 5 (10 after a timeout), a first-attempt success earns 1.
+/// // The default: 500 tokens, so 100 retries in a storm (a retry costs 5, 10 after a timeout).
 /// let budget = RetryBudget::default();
 /// assert_eq!(budget.available(), Some(500));
 /// // A smaller bucket for a fragile dependency: 10 retries, 5 after timeouts.
@@ -42,21 +42,19 @@ pub struct RetryBudget {
     /// `None`: unlimited.
     tokens: Option<Arc<AtomicU32>>,
     capacity: u32,
-    retry_cost: u32,
-    timeout_retry_cost: u32,
-    no_retry_increment: u32,
 }
 
+// The AWS SDKs' own constants, under their names.
+const RETRY_COST: u32 = 5;
+const TIMEOUT_RETRY_COST: u32 = 10;
+const NO_RETRY_INCREMENT: u32 = 1;
+
 impl RetryBudget {
-    /// A full bucket of `capacity` tokens with the AWS costs: a retry 5, a retry after a timeout 10,
-    /// a success without retry earns 1.
+    /// A full bucket of `capacity` tokens: `capacity / 5` retries in a storm.
     pub fn new(capacity: u32) -> Self {
         Self {
             tokens: Some(Arc::new(AtomicU32::new(capacity))),
             capacity,
-            retry_cost: 5,
-            timeout_retry_cost: 10,
-            no_retry_increment: 1,
         }
     }
 
@@ -64,26 +62,8 @@ impl RetryBudget {
     pub fn unlimited() -> Self {
         Self {
             tokens: None,
-            ..Self::new(0)
+            capacity: 0,
         }
-    }
-
-    /// The tokens a retry takes (default 5), given back if the request then succeeds.
-    pub fn retry_cost(mut self, tokens: u32) -> Self {
-        self.retry_cost = tokens;
-        self
-    }
-
-    /// The tokens a retry after a timeout takes (default 10).
-    pub fn timeout_retry_cost(mut self, tokens: u32) -> Self {
-        self.timeout_retry_cost = tokens;
-        self
-    }
-
-    /// The tokens a request earns when its first attempt succeeds (default 1).
-    pub fn no_retry_increment(mut self, tokens: u32) -> Self {
-        self.no_retry_increment = tokens;
-        self
     }
 
     /// The tokens in the bucket now (`None` when unlimited).
@@ -97,9 +77,9 @@ impl RetryBudget {
             return Some(0);
         };
         let cost = if after_timeout {
-            self.timeout_retry_cost
+            TIMEOUT_RETRY_COST
         } else {
-            self.retry_cost
+            RETRY_COST
         };
         tokens
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(cost))
@@ -110,7 +90,7 @@ impl RetryBudget {
     /// A request ended in success: its last retry's cost comes back, or the no-retry increment.
     pub(crate) fn on_success(&self, last_retry_cost: Option<u32>) {
         if let Some(tokens) = &self.tokens {
-            let earned = last_retry_cost.unwrap_or(self.no_retry_increment);
+            let earned = last_retry_cost.unwrap_or(NO_RETRY_INCREMENT);
             let _ = tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
                 Some(t.saturating_add(earned).min(self.capacity))
             });
@@ -161,13 +141,14 @@ mod tests {
     }
 
     #[test]
-    fn costs_are_configurable_and_clones_share_the_bucket() {
-        let budget = RetryBudget::new(3).retry_cost(1).no_retry_increment(2);
+    fn clones_share_the_bucket() {
+        let budget = RetryBudget::new(11);
         let other = budget.clone();
-        assert_eq!(other.try_withdraw(false), Some(1));
-        assert_eq!(budget.try_withdraw(false), Some(1));
+        assert_eq!(other.try_withdraw(false), Some(5));
+        assert_eq!(budget.try_withdraw(false), Some(5));
+        assert_eq!(other.try_withdraw(false), None);
         budget.on_success(None);
-        assert_eq!(other.available(), Some(3));
+        assert_eq!(other.available(), Some(2));
     }
 
     #[test]

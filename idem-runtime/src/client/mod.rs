@@ -3,7 +3,7 @@
 //! A service that charges through an idempotent API must retry when it hears nothing, and must
 //! retry *safely*: with the same `Idempotency-Key` on every attempt, only on failures that may go
 //! away, never faster than the server asks, and never so much that a struggling dependency is
-//! buried under retries. [`Client`] does that on top of reqwest, and [`RetryMiddleware`] does the
+//! buried under retries. [`Client`] does that on top of reqwest, and `RetryMiddleware` does the
 //! same inside an existing reqwest-middleware stack (feature `client-middleware`):
 //!
 //! - **One key per logical request** with effects: POST and PATCH get a UUID v4 unless you give
@@ -67,7 +67,7 @@
 //! response with [`Response::into_inner`].
 //!
 //! A service that already sends through a `reqwest_middleware::ClientWithMiddleware` adds
-//! [`RetryMiddleware`] (feature `client-middleware`) to its stack instead: the same policy, keys,
+//! `RetryMiddleware` (feature `client-middleware`) to its stack instead: the same policy, keys,
 //! limits and budget, from the same [`ClientBuilder`]. reqwest-retry, the usual retry middleware,
 //! still ignores `Retry-After` (its issue 146); idem's honours it. Use one retry middleware, not
 //! both, or each retries the other's attempts.

@@ -55,7 +55,7 @@ pub enum DeadKey {
 
 impl DeadKey {
     /// Recognises idem's answer by status and problem type.
-    pub fn from_answer(status: StatusCode, problem_type: Option<&str>) -> Option<Self> {
+    pub(crate) fn from_answer(status: StatusCode, problem_type: Option<&str>) -> Option<Self> {
         match (status, problem_type?) {
             (StatusCode::UNPROCESSABLE_ENTITY, KEY_MISMATCH) => Some(Self::Mismatch),
             (StatusCode::GONE, KEY_EXPIRED) => Some(Self::Expired),

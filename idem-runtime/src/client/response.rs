@@ -20,7 +20,7 @@ const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// before the client returned, so reading it here cannot fail on a cut connection (that attempt
 /// was retried).
 ///
-/// Through the [`RetryMiddleware`](super::RetryMiddleware), the same view of a
+/// Through the `RetryMiddleware` (feature `client-middleware`), the same view of a
 /// `reqwest::Response` is [`Response::from`] it.
 ///
 /// ```no_run
@@ -57,7 +57,7 @@ pub(crate) struct Receipt {
 }
 
 impl From<reqwest::Response> for Response {
-    /// The view of a response returned through the [`RetryMiddleware`](super::RetryMiddleware):
+    /// The view of a response returned through the `RetryMiddleware`:
     /// its key, attempts and problem type. A response that did not pass through it reads as one
     /// attempt without a key.
     fn from(mut inner: reqwest::Response) -> Self {

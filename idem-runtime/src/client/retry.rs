@@ -39,7 +39,7 @@ impl Transport for &reqwest::Client {
 }
 
 impl Retrier {
-    /// Gives the request its key, then runs the attempt loop in a span for the logical request.
+    /// Gives the request its key, then runs the attempt loop.
     pub(crate) async fn send(
         &self,
         transport: &mut impl Transport,
@@ -161,6 +161,10 @@ async fn run(
     // huge cap) means "never", not a panic.
     let deadline_at = config.deadline.and_then(|d| started.checked_add(d));
     let max_attempts = config.max_attempts.max(1);
+    let at_deadline = |retry_after| StopReason::Deadline {
+        deadline: config.deadline.unwrap_or_default(),
+        retry_after,
+    };
     let mut last_retry_cost = None;
 
     let mut this = request;
@@ -204,30 +208,22 @@ async fn run(
         let ended = attempt(transport, this, bound, config.max_buffered_body)
             .instrument(span.clone())
             .await;
-        let timed_out = match &ended {
+        let outcome = match &ended {
             Ended::Answered(answered) => {
-                span.record(
-                    "http.response.status_code",
-                    answered.response.status().as_u16(),
-                );
-                false
-            }
-            Ended::NoAnswer(no_answer) => no_answer.failure == TransportFailure::Timeout,
-        };
-
-        let decision = {
-            let outcome = match &ended {
-                Ended::Answered(answered) => Outcome::Answered {
-                    status: answered.response.status(),
+                let status = answered.response.status();
+                span.record("http.response.status_code", status.as_u16());
+                Outcome::Answered {
+                    status,
                     headers: answered.response.headers(),
                     problem_type: answered.problem_type.as_deref(),
-                },
-                Ended::NoAnswer(no_answer) => Outcome::NoAnswer(no_answer.failure),
-            };
-            retrier
-                .policy
-                .decide(&Attempt::new(&method, number, has_key, outcome))
+                }
+            }
+            Ended::NoAnswer(no_answer) => Outcome::NoAnswer(no_answer.failure),
         };
+        let timed_out = matches!(outcome, Outcome::NoAnswer(TransportFailure::Timeout));
+        let decision = retrier
+            .policy
+            .decide(&Attempt::new(&method, number, has_key, outcome));
         let not_before = match (ended, decision) {
             (Ended::Answered(answered), Decision::Stop { .. }) => {
                 let mut response = answered.response;
@@ -252,7 +248,7 @@ async fn run(
                     no_answer.source,
                 );
                 if no_answer.at_deadline {
-                    return Err(stop_at_deadline(failures, number, config.deadline, None));
+                    return Err(failures.into_error(number, at_deadline(None)));
                 }
                 match decision {
                     Decision::Stop { reason } => {
@@ -289,7 +285,7 @@ async fn run(
         };
         if past(delay) {
             let asked = not_before.filter(|w| past(*w));
-            return Err(stop_at_deadline(failures, number, config.deadline, asked));
+            return Err(failures.into_error(number, at_deadline(asked)));
         }
         match retrier.budget.try_withdraw(timed_out) {
             Some(cost) => last_retry_cost = Some(cost),
@@ -307,22 +303,6 @@ async fn run(
         tokio::time::sleep(delay).await;
         this = next;
     }
-}
-
-fn stop_at_deadline(
-    failures: Failures,
-    attempts: u32,
-    deadline: Option<Duration>,
-    retry_after: Option<Duration>,
-) -> Error {
-    let deadline = deadline.unwrap_or_default();
-    failures.into_error(
-        attempts,
-        StopReason::Deadline {
-            deadline,
-            retry_after,
-        },
-    )
 }
 
 /// Sends one attempt and reads its answer, bounded by the attempt timeout or the deadline.
@@ -394,7 +374,9 @@ async fn read(response: reqwest::Response, limit: usize) -> Result<Answered, NoA
             Err(e) => {
                 // The status line arrived but the body was cut: no complete answer.
                 let mut no_answer = NoAnswer::from(e);
-                no_answer.failure = TransportFailure::Interrupted;
+                if no_answer.failure != TransportFailure::Timeout {
+                    no_answer.failure = TransportFailure::Interrupted;
+                }
                 return Err(no_answer);
             }
         };
