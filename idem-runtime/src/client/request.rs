@@ -63,7 +63,8 @@ impl RequestBuilder {
         self
     }
 
-    /// Sends no `Idempotency-Key`. POST and PATCH requests are then never retried by the
+    /// Sends no `Idempotency-Key` (the default for GET, HEAD, OPTIONS, TRACE, PUT and DELETE).
+    /// POST and PATCH requests are then never retried by the
     /// [`DefaultPolicy`](super::DefaultPolicy): a second attempt could be a second effect.
     pub fn without_idempotency_key(mut self) -> Self {
         self.key = Some(KeyChoice::Omit);
