@@ -1,12 +1,16 @@
 //! The retrying client against a real `#[idempotent]` server: the two halves agree on the contract
-//! (the in-flight problem type, `Retry-After`, the replay marker), not only each half with a fake.
+//! (the in-flight problem type, `Retry-After`, the replay marker, the dead-key answers), not only
+//! each half with a fake.
+
+mod client_support;
 
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
+use client_support::{Caller, Form};
 use idem_runtime::axum::problem::ProblemType;
-use idem_runtime::client::{Client, REQUEST_IN_FLIGHT};
+use idem_runtime::client::{Client, DeadKey, KEY_EXPIRED, KEY_MISMATCH, REQUEST_IN_FLIGHT};
 use idem_runtime::metrics::Outcome;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::{idempotent, Engine};
@@ -36,9 +40,64 @@ async fn pay(State(gate): State<Arc<Gate>>, body: String) -> (StatusCode, String
     (StatusCode::CREATED, format!("paid {body}"))
 }
 
+/// Runs at once: the client must tell a reused key apart from a retry.
+#[idempotent(scope = "global")]
+async fn charge(State(gate): State<Arc<Gate>>, body: String) -> (StatusCode, String) {
+    gate.runs.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, format!("charged {body}"))
+}
+
 #[test]
-fn the_client_recognises_the_servers_in_flight_problem() {
+fn the_client_recognises_the_servers_problem_types() {
     assert_eq!(REQUEST_IN_FLIGHT, ProblemType::InFlight.uri());
+    assert_eq!(KEY_MISMATCH, ProblemType::KeyMismatch.uri());
+    assert_eq!(KEY_EXPIRED, ProblemType::KeyExpired.uri());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_reused_for_another_body_comes_back_as_a_dead_key() {
+    for form in Form::BOTH {
+        let gate = Arc::new(Gate::default());
+        let app = Router::new()
+            .route("/charge", post(charge))
+            .with_state(App {
+                engine: Engine::new(MemoryStore::new()),
+                gate: gate.clone(),
+            });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/charge", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = Caller::new(form, Client::builder());
+        let key = idem_runtime::IdempotencyKey::new("order-8").unwrap();
+
+        let first = client
+            .post(&url)
+            .idempotency_key(key.clone())
+            .body("1000")
+            .send()
+            .await
+            .unwrap();
+        let reused = client
+            .post(&url)
+            .idempotency_key(key)
+            .body("2000")
+            .send()
+            .await
+            .unwrap();
+
+        assert_eq!(
+            (first.status(), first.dead_key()),
+            (StatusCode::CREATED, None)
+        );
+        assert_eq!(
+            reused.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{form:?}"
+        );
+        assert_eq!(reused.dead_key(), Some(DeadKey::Mismatch), "{form:?}");
+        assert_eq!(reused.attempts(), 1, "a dead key is not retried");
+        assert_eq!(gate.runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,232 +1,163 @@
-//! The retry budget: a token bucket shared by every request of a client.
-//!
-//! Each retry (never a first attempt) takes one token; an empty bucket means "don't retry, fail
-//! now". Tokens come back two ways: with time (`refill_per_second`, a floor that lets a quiet client
-//! still retry) and with traffic (`deposit_per_request`, so retries stay a fixed fraction of
-//! requests). When a dependency goes down, every caller's retries drain the bucket and the extra load
-//! they add is bounded by that fraction plus the floor, instead of multiplying by the maximum number
-//! of attempts (a retry storm). Time is read from tokio's clock, so tests can drive it.
+//! The retry budget: the AWS SDKs' retry quota, shared by every request of a client.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::time::Instant;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
-/// Thousandths of a token: integer arithmetic, so fractions (0.1 per request) add up exactly.
-const MILLI: u64 = 1000;
-
-/// A token bucket that limits retries across all requests of one [`Client`](super::Client).
+/// A retry quota shared by all requests of one [`Client`](super::Client) (or one
+/// `RetryMiddleware`): when a dependency is down, retries stop and requests fail fast instead of
+/// multiplying its load.
 ///
-/// Configure it, then hand it to [`ClientBuilder::budget`](super::ClientBuilder::budget); clones share
-/// one bucket, so several clients can share a budget for one dependency.
+/// The arithmetic is the AWS SDKs' `standard` retry mode, exactly (the AWS SDKs and Tools
+/// reference guide, "Retry behavior"; botocore's `RetryQuotaChecker`, the JavaScript SDK's
+/// `defaultRetryQuota`, the Rust SDK's `TokenBucket`):
+///
+/// - the bucket starts full (500 tokens by default) and never holds more than that;
+/// - a retry takes its cost, 5 tokens, or 10 when the attempt before it timed out, and is refused
+///   (the request fails with [`StopReason::BudgetExhausted`](super::StopReason::BudgetExhausted))
+///   when fewer remain; a first attempt never costs anything;
+/// - a request that ends with a 2xx answer gives back the cost of its last retry, or earns 1
+///   token if it needed no retry.
+///
+/// Nothing refills with time. A storm of failing calls from a full bucket gets 100 retries
+/// (50 after timeouts) in all, whatever their number, then only first attempts until successes
+/// earn tokens back. gRPC's retry throttling (gRFC A6: every failed attempt, first ones
+/// included, takes a token, and retries stop below half the bucket) is the other common model;
+/// idem follows the AWS one.
+///
+/// Hand it to [`ClientBuilder::budget`](super::ClientBuilder::budget); clones share one bucket, so
+/// several clients can share a budget for one dependency.
 ///
 /// ```
 /// use idem_runtime::client::RetryBudget;
 ///
-/// // At most 20 retries in a burst, then one per second plus one per ten requests.
-/// let budget = RetryBudget::new(20).refill_per_second(1.0).deposit_per_request(0.1);
-/// assert_eq!(budget.available(), 20.0);
+/// // The default: 500 tokens, so 100 retries in a storm (a retry costs 5, 10 after a timeout).
+/// let budget = RetryBudget::default();
+/// assert_eq!(budget.available(), Some(500));
+/// // A smaller bucket for a fragile dependency: 10 retries, 5 after timeouts.
+/// let small = RetryBudget::new(50);
+/// # let _ = small;
 /// ```
 #[derive(Debug, Clone)]
 pub struct RetryBudget {
-    inner: Option<Arc<Inner>>,
+    /// `None`: unlimited.
+    tokens: Option<Arc<AtomicU32>>,
+    capacity: u32,
 }
 
-#[derive(Debug)]
-struct Inner {
-    capacity: u64,
-    refill_per_sec: u64,
-    deposit: u64,
-    bucket: Mutex<Bucket>,
-}
-
-#[derive(Debug)]
-struct Bucket {
-    tokens: u64,
-    refilled_at: Option<Instant>,
-}
+// The AWS SDKs' own constants, under their names.
+const RETRY_COST: u32 = 5;
+const TIMEOUT_RETRY_COST: u32 = 10;
+const NO_RETRY_INCREMENT: u32 = 1;
 
 impl RetryBudget {
-    /// A full bucket of `capacity` retries that refills only as configured (by default: never).
+    /// A full bucket of `capacity` tokens: `capacity / 5` retries in a storm.
     pub fn new(capacity: u32) -> Self {
-        Self::build(u64::from(capacity) * MILLI, 0, 0)
+        Self {
+            tokens: Some(Arc::new(AtomicU32::new(capacity))),
+            capacity,
+        }
     }
 
     /// No limit: every retry the policy asks for is allowed.
     pub fn unlimited() -> Self {
-        Self { inner: None }
-    }
-
-    /// Adds `tokens` per second of (tokio) time, up to the capacity.
-    pub fn refill_per_second(self, tokens: f64) -> Self {
-        match self.inner {
-            Some(i) => Self::build(i.capacity, milli(tokens), i.deposit),
-            None => self,
-        }
-    }
-
-    /// Adds `tokens` for every request the client sends (once per request, not per attempt).
-    pub fn deposit_per_request(self, tokens: f64) -> Self {
-        match self.inner {
-            Some(i) => Self::build(i.capacity, i.refill_per_sec, milli(tokens)),
-            None => self,
-        }
-    }
-
-    /// The retries available now (`f64::INFINITY` when unlimited).
-    pub fn available(&self) -> f64 {
-        match &self.inner {
-            Some(inner) => inner.refilled().tokens as f64 / MILLI as f64,
-            None => f64::INFINITY,
-        }
-    }
-
-    /// A new request: deposit its share.
-    pub(crate) fn on_request(&self) {
-        if let Some(inner) = &self.inner {
-            let mut bucket = inner.refilled();
-            bucket.tokens = (bucket.tokens + inner.deposit).min(inner.capacity);
-        }
-    }
-
-    /// Takes one retry's token; `false` if the bucket holds less than one.
-    pub(crate) fn try_withdraw(&self) -> bool {
-        let Some(inner) = &self.inner else {
-            return true;
-        };
-        let mut bucket = inner.refilled();
-        match bucket.tokens.checked_sub(MILLI) {
-            Some(rest) => {
-                bucket.tokens = rest;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn build(capacity: u64, refill_per_sec: u64, deposit: u64) -> Self {
         Self {
-            inner: Some(Arc::new(Inner {
-                capacity,
-                refill_per_sec,
-                deposit,
-                bucket: Mutex::new(Bucket {
-                    tokens: capacity,
-                    refilled_at: None,
-                }),
-            })),
+            tokens: None,
+            capacity: 0,
+        }
+    }
+
+    /// The tokens in the bucket now (`None` when unlimited).
+    pub fn available(&self) -> Option<u32> {
+        self.tokens.as_ref().map(|t| t.load(Ordering::Acquire))
+    }
+
+    /// Takes one retry's cost; the cost taken, or `None` if the bucket holds less.
+    pub(crate) fn try_withdraw(&self, after_timeout: bool) -> Option<u32> {
+        let Some(tokens) = &self.tokens else {
+            return Some(0);
+        };
+        let cost = if after_timeout {
+            TIMEOUT_RETRY_COST
+        } else {
+            RETRY_COST
+        };
+        tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(cost))
+            .ok()
+            .map(|_| cost)
+    }
+
+    /// A request ended in success: its last retry's cost comes back, or the no-retry increment.
+    pub(crate) fn on_success(&self, last_retry_cost: Option<u32>) {
+        if let Some(tokens) = &self.tokens {
+            let earned = last_retry_cost.unwrap_or(NO_RETRY_INCREMENT);
+            let _ = tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t.saturating_add(earned).min(self.capacity))
+            });
         }
     }
 }
 
 impl Default for RetryBudget {
-    /// 10 retries in a burst, refilled at 1 per second and 0.1 per request: when everything fails,
-    /// retries add about 10% to the load (plus one per second).
+    /// The AWS SDKs' default quota: 500 tokens.
     fn default() -> Self {
-        Self::new(10)
-            .refill_per_second(1.0)
-            .deposit_per_request(0.1)
-    }
-}
-
-impl Inner {
-    /// The bucket, topped up for the time since the last look (lazily: no timer runs).
-    fn refilled(&self) -> MutexGuard<'_, Bucket> {
-        // A panic while holding this lock leaves consistent integers behind: keep going.
-        let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let Some(then) = bucket.refilled_at else {
-            bucket.refilled_at = Some(now);
-            return bucket;
-        };
-        if self.refill_per_sec == 0 || bucket.tokens >= self.capacity {
-            // Nothing to add: time spent full (or without refill) is not banked.
-            bucket.refilled_at = Some(now);
-            return bucket;
-        }
-        let elapsed_ns = now.saturating_duration_since(then).as_nanos();
-        let rate = u128::from(self.refill_per_sec);
-        let added = elapsed_ns.saturating_mul(rate) / 1_000_000_000;
-        if added == 0 {
-            return bucket;
-        }
-        let room = u128::from(self.capacity - bucket.tokens);
-        if added >= room {
-            bucket.tokens = self.capacity;
-            bucket.refilled_at = Some(now);
-        } else {
-            bucket.tokens += added as u64; // `added < room <= u64::MAX`
-                                           // Move the refill instant only by the time those whole milli-tokens took, so the
-                                           // remainder is kept for the next look however often the bucket is read.
-            let used_ns = added * 1_000_000_000 / rate;
-            let used = std::time::Duration::from_nanos(u64::try_from(used_ns).unwrap_or(u64::MAX));
-            bucket.refilled_at = Some(then + used);
-        }
-        bucket
-    }
-}
-
-fn milli(tokens: f64) -> u64 {
-    if tokens.is_finite() && tokens > 0.0 {
-        // Saturating float-to-int conversion; a budget of 1.8e16 tokens is "unlimited" anyway.
-        (tokens * MILLI as f64).round() as u64
-    } else {
-        0
+        Self::new(500)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn withdraws_until_empty_then_refills_with_time() {
-        let budget = RetryBudget::new(2).refill_per_second(0.5);
-        assert!(budget.try_withdraw());
-        assert!(budget.try_withdraw());
-        assert!(!budget.try_withdraw());
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!budget.try_withdraw(), "half a token is not a retry");
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(budget.try_withdraw());
-        tokio::time::advance(Duration::from_secs(3600)).await;
-        assert_eq!(budget.available(), 2.0, "never above capacity");
+    #[test]
+    fn a_storm_from_a_full_bucket_gets_capacity_over_cost_retries() {
+        let budget = RetryBudget::default();
+        let retries = std::iter::from_fn(|| budget.try_withdraw(false)).count();
+        assert_eq!(retries, 100);
+        assert_eq!(budget.available(), Some(0));
+        let budget = RetryBudget::default();
+        let after_timeouts = std::iter::from_fn(|| budget.try_withdraw(true)).count();
+        assert_eq!(after_timeouts, 50);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn slow_refill_is_not_lost_to_rounding() {
-        // 0.3 tokens per second, looked at every 3 ms: each look adds 0.9 milli-tokens. Rounding
-        // each look down would refill nothing; the remainder must carry over.
-        let budget = RetryBudget::new(1).refill_per_second(0.3);
-        assert!(budget.try_withdraw());
-        for _ in 0..1000 {
-            tokio::time::advance(Duration::from_millis(3)).await;
-            let _ = budget.available();
-        }
-        // 3 s at 0.3 per second.
-        assert_eq!(budget.available(), 0.9);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn requests_deposit_their_share_and_clones_share_the_bucket() {
-        let budget = RetryBudget::new(3).deposit_per_request(0.25);
-        let other = budget.clone();
+    #[test]
+    fn successes_refund_the_last_retry_or_earn_the_increment_up_to_capacity() {
+        let budget = RetryBudget::new(12);
+        assert_eq!(budget.try_withdraw(true), Some(10));
+        assert_eq!(
+            budget.try_withdraw(false),
+            None,
+            "2 tokens left, a retry costs 5"
+        );
+        budget.on_success(Some(10));
+        assert_eq!(budget.available(), Some(12));
+        budget.on_success(None);
+        assert_eq!(budget.available(), Some(12), "never above capacity");
+        assert_eq!(budget.try_withdraw(false), Some(5));
         for _ in 0..3 {
-            assert!(other.try_withdraw());
+            budget.on_success(None);
         }
-        assert!(!budget.try_withdraw());
-        for _ in 0..4 {
-            budget.on_request();
-        }
-        assert!(other.try_withdraw());
-        assert!(!budget.try_withdraw());
+        assert_eq!(budget.available(), Some(10));
+    }
+
+    #[test]
+    fn clones_share_the_bucket() {
+        let budget = RetryBudget::new(11);
+        let other = budget.clone();
+        assert_eq!(other.try_withdraw(false), Some(5));
+        assert_eq!(budget.try_withdraw(false), Some(5));
+        assert_eq!(other.try_withdraw(false), None);
+        budget.on_success(None);
+        assert_eq!(other.available(), Some(2));
     }
 
     #[test]
     fn unlimited_never_refuses() {
-        let budget = RetryBudget::unlimited().refill_per_second(1.0);
+        let budget = RetryBudget::unlimited();
         for _ in 0..10_000 {
-            assert!(budget.try_withdraw());
+            assert_eq!(budget.try_withdraw(true), Some(0));
         }
-        assert_eq!(budget.available(), f64::INFINITY);
+        budget.on_success(None);
+        assert_eq!(budget.available(), None);
     }
 }

@@ -5,7 +5,8 @@
 
 use super::policy::TransportFailure;
 use crate::IdempotencyKey;
-use http::{Method, StatusCode};
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
@@ -24,6 +25,8 @@ pub enum StopReason {
     Deadline {
         /// The configured deadline.
         deadline: Duration,
+        /// The server's `Retry-After`, when waiting for it is what would have passed the deadline.
+        retry_after: Option<Duration>,
     },
     /// The shared retry budget is empty: failing fast instead of adding load to a failing server.
     BudgetExhausted,
@@ -49,9 +52,22 @@ impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::AttemptsExhausted { max_attempts } => {
-                write!(f, "gave up after the maximum of {max_attempts} attempts")
+                let plural = if *max_attempts == 1 { "" } else { "s" };
+                write!(
+                    f,
+                    "gave up after the maximum of {max_attempts} attempt{plural}"
+                )
             }
-            Self::Deadline { deadline } => write!(f, "the deadline of {deadline:?} passed"),
+            Self::Deadline {
+                deadline,
+                retry_after: Some(wait),
+            } => write!(
+                f,
+                "the server asked to wait {wait:?} (Retry-After), past the deadline of {deadline:?}"
+            ),
+            Self::Deadline { deadline, .. } => {
+                write!(f, "no time left before the deadline of {deadline:?}")
+            }
             Self::BudgetExhausted => f.write_str("the retry budget is exhausted (failing fast)"),
             Self::RetryAfterTooLong { requested, cap } => write!(
                 f,
@@ -109,6 +125,42 @@ impl fmt::Display for Cause {
     }
 }
 
+/// The last answer a failed request got: what the server said, for logs and for a person to read
+/// (an RFC 9457 problem document, typically).
+///
+/// The body is kept when it fit in the client's buffer
+/// ([`ClientBuilder::max_buffered_body`](super::ClientBuilder::max_buffered_body), 1 MiB by
+/// default); a longer one is not kept (the body is then empty).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) problem_type: Option<String>,
+}
+
+impl Answer {
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The `type` of an `application/problem+json` body, if the answer is one.
+    pub fn problem_type(&self) -> Option<&str> {
+        self.problem_type.as_deref()
+    }
+}
+
 /// Every attempt of a request failed (or none could be made).
 ///
 /// It names the request, the `Idempotency-Key` (log it: a later retry with the same key is safe),
@@ -120,7 +172,9 @@ impl fmt::Display for Cause {
 /// 503 Service Unavailable (x2)
 /// ```
 ///
-/// [`source`](StdError::source) is the last transport error, if an attempt ended without an answer.
+/// [`last_answer`](Self::last_answer) keeps the last answer's status, headers and body (the
+/// problem detail); [`source`](StdError::source) is the last transport error, if the last attempt
+/// ended without an answer.
 ///
 /// ```no_run
 /// # async fn run() {
@@ -131,6 +185,9 @@ impl fmt::Display for Cause {
 ///     Ok(response) => println!("{} after {} attempts", response.status(), response.attempts()),
 ///     Err(error) => {
 ///         eprintln!("{error}");
+///         if let Some(answer) = error.last_answer() {
+///             eprintln!("the server said: {}", String::from_utf8_lossy(answer.body()));
+///         }
 ///         if matches!(error.stop_reason(), StopReason::BudgetExhausted) {
 ///             // the dependency is down: degrade instead of queueing more work
 ///         }
@@ -147,6 +204,7 @@ pub struct Error {
     stop: StopReason,
     causes: Vec<Cause>,
     last_status: Option<StatusCode>,
+    last_answer: Option<Box<Answer>>,
     source: Option<Box<dyn StdError + Send + Sync>>,
 }
 
@@ -181,9 +239,30 @@ impl Error {
         &self.causes
     }
 
-    /// The status of the last answer, if the last attempt got one.
+    /// The status of the last attempt's answer, if the last attempt got one.
     pub fn last_status(&self) -> Option<StatusCode> {
         self.last_status
+    }
+
+    /// The latest answer any attempt got, with its headers and body (later attempts may have
+    /// ended without one: see [`causes`](Self::causes)).
+    pub fn last_answer(&self) -> Option<&Answer> {
+        self.last_answer.as_deref()
+    }
+
+    /// This client's error inside an error of a `reqwest_middleware` client stack, when the
+    /// [`RetryMiddleware`](super::RetryMiddleware) returned it; the error as it was otherwise.
+    #[cfg(feature = "client-middleware")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "client-middleware")))]
+    pub fn from_middleware(
+        error: reqwest_middleware::Error,
+    ) -> Result<Self, reqwest_middleware::Error> {
+        match error {
+            reqwest_middleware::Error::Middleware(e) => e
+                .downcast::<Self>()
+                .map_err(reqwest_middleware::Error::Middleware),
+            other => Err(other),
+        }
     }
 
     /// Whether the client stopped at the deadline.
@@ -241,6 +320,7 @@ pub(crate) struct Failures {
     /// Index in `causes` of the latest failure.
     last: Option<usize>,
     last_status: Option<StatusCode>,
+    last_answer: Option<Box<Answer>>,
     source: Option<Box<dyn StdError + Send + Sync>>,
 }
 
@@ -257,13 +337,20 @@ impl Failures {
             causes: Vec::new(),
             last: None,
             last_status: None,
+            last_answer: None,
             source: None,
         }
     }
 
     /// Records an attempt that ended with an answer the policy wants retried.
-    pub(crate) fn answered(&mut self, status: StatusCode, message: String) {
+    pub(crate) fn answered(&mut self, answer: Answer) {
+        let status = answer.status;
+        let message = match &answer.problem_type {
+            Some(kind) => format!("{status} ({kind})"),
+            None => status.to_string(),
+        };
         self.last_status = Some(status);
+        self.last_answer = Some(Box::new(answer));
         self.source = None;
         self.push(CauseKind::Status(status), message);
     }
@@ -321,6 +408,7 @@ impl Failures {
             stop,
             causes: self.causes,
             last_status: self.last_status,
+            last_answer: self.last_answer,
             source: self.source,
         }
     }
@@ -330,6 +418,15 @@ impl Failures {
 mod tests {
     use super::*;
 
+    fn answer(status: StatusCode) -> Answer {
+        Answer {
+            status,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            problem_type: None,
+        }
+    }
+
     #[test]
     fn same_kind_and_message_collapse_with_a_count() {
         let url = reqwest::Url::parse("http://user:pw@example.test/pay?token=secret#x").unwrap();
@@ -337,16 +434,10 @@ mod tests {
         let mut f = Failures::new(Method::POST, Some(url), Some(key));
         let lost = CauseKind::Transport(TransportFailure::Interrupted);
         f.transport(lost, "connection closed".into(), None);
-        f.answered(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "503 Service Unavailable".into(),
-        );
+        f.answered(answer(StatusCode::SERVICE_UNAVAILABLE));
         f.transport(lost, "connection closed".into(), None);
-        f.answered(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "503 Service Unavailable".into(),
-        );
-        f.answered(StatusCode::BAD_GATEWAY, "502 Bad Gateway".into());
+        f.answered(answer(StatusCode::SERVICE_UNAVAILABLE));
+        f.answered(answer(StatusCode::BAD_GATEWAY));
         assert_eq!(f.last_cause(), Some("502 Bad Gateway"));
         f.transport(lost, "connection closed".into(), None);
         assert_eq!(f.last_cause(), Some("connection closed"));
@@ -357,6 +448,11 @@ mod tests {
         );
         assert_eq!(e.last_status(), None, "the last attempt got no answer");
         assert_eq!(
+            e.last_answer().map(Answer::status),
+            Some(StatusCode::BAD_GATEWAY),
+            "the latest answer is kept"
+        );
+        assert_eq!(
             e.to_string(),
             "POST http://user@example.test/pay failed after 6 attempts (Idempotency-Key k-1): \
              gave up after the maximum of 6 attempts; causes: connection closed (x3), \
@@ -365,10 +461,24 @@ mod tests {
     }
 
     #[test]
+    fn stop_reasons_say_what_stopped_the_request() {
+        let one = StopReason::AttemptsExhausted { max_attempts: 1 };
+        assert_eq!(one.to_string(), "gave up after the maximum of 1 attempt");
+        let asked = StopReason::Deadline {
+            deadline: Duration::from_secs(3),
+            retry_after: Some(Duration::from_secs(10)),
+        };
+        assert_eq!(
+            asked.to_string(),
+            "the server asked to wait 10s (Retry-After), past the deadline of 3s"
+        );
+    }
+
+    #[test]
     fn a_status_and_a_transport_failure_with_one_message_stay_apart() {
         let mut f = Failures::new(Method::GET, None, None);
-        f.transport(CauseKind::Invalid, "x".into(), None);
-        f.answered(StatusCode::BAD_GATEWAY, "x".into());
+        f.transport(CauseKind::Invalid, "502 Bad Gateway".into(), None);
+        f.answered(answer(StatusCode::BAD_GATEWAY));
         let e = f.into_error(1, StopReason::InvalidRequest);
         assert_eq!(e.causes().len(), 2);
         assert!(e

@@ -3,25 +3,36 @@
 //! A service that charges through an idempotent API must retry when it hears nothing, and must
 //! retry *safely*: with the same `Idempotency-Key` on every attempt, only on failures that may go
 //! away, never faster than the server asks, and never so much that a struggling dependency is
-//! buried under retries. [`Client`] does that on top of reqwest:
+//! buried under retries. [`Client`] does that on top of reqwest, and `RetryMiddleware` does the
+//! same inside an existing reqwest-middleware stack (feature `client-middleware`):
 //!
-//! - **One key per logical request**, a UUID v4 unless you give one
-//!   ([`RequestBuilder::idempotency_key`], e.g. one stored with the order so it survives a restart),
-//!   sent on every attempt and available on the [`Response`] and the [`Error`] for your logs.
+//! - **One key per logical request** with effects: POST and PATCH get a UUID v4 unless you give
+//!   one ([`RequestBuilder::idempotency_key`], e.g. one stored with the order so it survives a
+//!   restart), sent on every attempt and available on the [`Response`] and the [`Error`]. GET,
+//!   HEAD, OPTIONS, PUT and DELETE go without one and are still retried: they mean the same thing
+//!   sent twice. Ask for a key on a PUT or DELETE with
+//!   [`with_idempotency_key`](RequestBuilder::with_idempotency_key) ([`KeyChoice`]).
 //! - **Retries only what may succeed later** ([`DefaultPolicy`]): no connection, timeouts, a
-//!   connection lost before the answer, 500, 502, 503, 504, 408, 429 and idem's 409
-//!   [`REQUEST_IN_FLIGHT`]; never 400, 401, 403, 404, 410, 422 or any other 4xx. POST and PATCH are
-//!   retried only with a key (the client sends one unless you call
-//!   [`without_idempotency_key`](RequestBuilder::without_idempotency_key)); GET, HEAD, OPTIONS, PUT
-//!   and DELETE also without.
+//!   connection lost before the whole answer arrived, 500, 502, 503, 504, 408, 429 and idem's 409
+//!   [`REQUEST_IN_FLIGHT`]; never 400, 401, 403, 404, 410, 422 or any other 4xx. A POST or PATCH
+//!   is retried only with a key.
+//! - **Reads the answer inside the retry loop**: a body up to
+//!   [`max_buffered_body`](ClientBuilder::max_buffered_body) (1 MiB) is read whole before the
+//!   client returns, so a connection cut mid-body is retried with the same key (the server
+//!   replays) instead of surfacing later as "error decoding response body". Problem documents
+//!   (`application/problem+json`) are read whatever their framing, chunked included.
 //! - **Waits**: exponential backoff with full jitter ([`ExponentialBackoff`]), at least the answer's
 //!   `Retry-After` (seconds or HTTP date) up to a cap ([`ClientBuilder::max_retry_after`]).
 //! - **Limits**: a maximum number of attempts (0 still makes one), an overall deadline, and a retry
-//!   budget shared by all requests of the client ([`RetryBudget`]): when a dependency is down,
-//!   retries stop and requests fail fast instead of multiplying its load.
-//! - **One error** when every attempt failed: the distinct causes with their counts, the number of
-//!   attempts, the key ([`Error`]).
-//! - **Replays are visible**: [`Response::replayed`] reads `Idempotency-Replayed`.
+//!   budget shared by all requests of the client, with the AWS SDKs' retry-quota arithmetic
+//!   ([`RetryBudget`]): when a dependency is down, retries stop and requests fail fast instead of
+//!   multiplying its load.
+//! - **Answers keep their evidence.** [`Response::replayed`] reads `Idempotency-Replayed`;
+//!   [`Response::dead_key`] turns idem's 422 (key mismatch) and 410 (key expired) into a
+//!   [`DeadKey`] to match on. When every attempt failed, the one [`Error`] names the distinct
+//!   causes with their counts, the attempts, the key, why the client stopped ([`StopReason`],
+//!   e.g. a `Retry-After` past the deadline) and the last answer with its headers and body
+//!   ([`Error::last_answer`]: the problem detail a person needs).
 //!
 //! ```no_run
 //! use idem_runtime::client::Client;
@@ -43,27 +54,57 @@
 //! # }
 //! ```
 //!
-//! # Why a wrapper type (and not a reqwest-middleware middleware or a tower layer)
+//! `StatusCode`, `Method`, `HeaderMap` and the other `http` types in this API are re-exported as
+//! [`idem_runtime::http`](crate::http) (reqwest re-exports the same ones, e.g.
+//! [`client::reqwest::StatusCode`](reqwest::StatusCode)): no `http` dependency of your own is needed.
 //!
-//! - **The key belongs to the logical request, not to an attempt.** A wrapper creates it once in
-//!   [`RequestBuilder::send`] and returns it on both outcomes. A middleware sees one
-//!   `reqwest::Request` at a time and could only hand the key back through extensions that the
-//!   caller has to dig out, and on the error path reqwest-middleware's error has no room for it.
-//! - **The results need their own types.** The collapsed [`Error`] (causes, counts, attempts, key,
-//!   stop reason) and [`Response::replayed`] are the point of the client; a middleware must return
-//!   reqwest's types, and a tower layer over reqwest needs an adapter service besides.
-//! - **One dependency, one version.** reqwest-middleware (or tower + an adapter) would be one more
-//!   crate whose reqwest version must match the user's; the wrapper needs only reqwest, which is
-//!   re-exported here ([`reqwest`]) so users can name the same version.
-//! - **Still reqwest underneath**: bring your own configured `reqwest::Client`
-//!   ([`ClientBuilder::http_client`]: TLS, proxies, pools), adjust any request with
-//!   [`RequestBuilder::with_reqwest`], and take the plain response with [`Response::into_inner`].
+//! # Two forms: the client, or a middleware in your stack
+//!
+//! [`Client`] is a wrapper type: the key belongs to the logical request, so it is created once in
+//! [`RequestBuilder::send`] and returned on both outcomes, with typed results ([`Response`],
+//! [`Error`]). Bring your own configured `reqwest::Client` ([`ClientBuilder::http_client`]: TLS,
+//! proxies, pools), adjust any request with [`RequestBuilder::with_reqwest`], and take the plain
+//! response with [`Response::into_inner`].
+//!
+//! A service that already sends through a `reqwest_middleware::ClientWithMiddleware` adds
+//! `RetryMiddleware` (feature `client-middleware`) to its stack instead: the same policy, keys,
+//! limits and budget, from the same [`ClientBuilder`]. reqwest-retry, the usual retry middleware,
+//! still ignores `Retry-After` (its issue 146); idem's honours it. Use one retry middleware, not
+//! both, or each retries the other's attempts.
+//!
+//! ```no_run
+//! # #[cfg(feature = "client-middleware")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::client::{reqwest, reqwest_middleware, Client, Error, Response};
+//!
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(Client::builder().max_attempts(4).build_middleware())
+//!     .build();
+//! match client.post("http://127.0.0.1:3000/payments").body("{}").send().await {
+//!     // The same view as the plain client's: key, attempts, replayed, dead_key.
+//!     Ok(answer) => println!("replayed: {}", Response::from(answer).replayed()),
+//!     Err(e) => match Error::from_middleware(e) {
+//!         Ok(failed) => eprintln!("{failed}"),
+//!         Err(other) => eprintln!("another middleware failed: {other}"),
+//!     },
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Tracing
+//!
+//! Each attempt runs in an `attempt` span (target `idem::client`) with OpenTelemetry's HTTP
+//! attributes `http.request.method`, `http.response.status_code` and, on resends,
+//! `http.request.resend_count`; the resend count is also recorded on the span the request runs in
+//! (reqwest-tracing's, or your own) when that span declares the field. A `retrying` event at
+//! debug level names the key, the cause and the wait.
 //!
 //! # Time, and testing it
 //!
 //! All waiting and all time measurement go through `tokio::time` (sleeps, the deadline, the
-//! per-attempt timeout, the budget's refill), never `std::time::Instant` or a blocking sleep, so
-//! tests run on tokio's paused clock and a 30-second backoff takes no wall time.
+//! per-attempt timeout), never `std::time::Instant` or a blocking sleep, so tests run on tokio's
+//! paused clock and a 30-second backoff takes no wall time.
 //!
 //! A paused clock auto-advances to the next timer whenever the runtime has nothing to run. Tokio
 //! first polls for I/O without blocking and only advances if that woke no task, so a server in the
@@ -80,27 +121,38 @@
 //! calls idempotent APIs depends on
 //! `idem-runtime = { version = "0.1", default-features = false, features = ["client"] }`, and
 //! `cargo tree -p idem-runtime --no-default-features --features client | grep -E 'axum|sqlx'` prints
-//! nothing.
+//! nothing. The `client-middleware` feature adds reqwest-middleware 0.4 (the line built on
+//! reqwest 0.12), re-exported as [`reqwest_middleware`](self#reexports).
 
 mod backoff;
 mod budget;
 mod error;
+#[cfg(feature = "client-middleware")]
+mod middleware;
 mod policy;
 mod request;
 mod response;
+mod retry;
 
 pub use backoff::ExponentialBackoff;
 pub use budget::RetryBudget;
-pub use error::{Cause, CauseKind, Error, StopReason};
+pub use error::{Answer, Cause, CauseKind, Error, StopReason};
+#[cfg(feature = "client-middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client-middleware")))]
+pub use middleware::RetryMiddleware;
 pub use policy::{
-    parse_retry_after, Attempt, Decision, DefaultPolicy, Outcome, RetryPolicy, TransportFailure,
-    REQUEST_IN_FLIGHT,
+    parse_retry_after, Attempt, DeadKey, Decision, DefaultPolicy, Outcome, RetryPolicy,
+    TransportFailure, KEY_EXPIRED, KEY_MISMATCH, REQUEST_IN_FLIGHT,
 };
-pub use request::RequestBuilder;
+pub use request::{KeyChoice, RequestBuilder};
 pub use response::{Response, IDEMPOTENCY_REPLAYED};
 
 /// The reqwest this client is built on, so callers name the same version.
 pub use reqwest;
+/// The reqwest-middleware [`RetryMiddleware`] plugs into, so callers name the same version.
+#[cfg(feature = "client-middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client-middleware")))]
+pub use reqwest_middleware;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -147,6 +199,7 @@ struct Config {
     backoff: ExponentialBackoff,
     max_retry_after: Duration,
     key_format: KeyFormat,
+    max_buffered_body: usize,
 }
 
 impl Default for Config {
@@ -158,15 +211,26 @@ impl Default for Config {
             backoff: ExponentialBackoff::default(),
             max_retry_after: Duration::from_secs(30),
             key_format: KeyFormat::Bare,
+            max_buffered_body: 1024 * 1024,
         }
     }
 }
 
-struct Shared {
-    http: reqwest::Client,
+/// Everything the attempt loop needs besides a way to send: shared by a client and its clones, or
+/// by a middleware.
+struct Retrier {
     config: Config,
     policy: Box<dyn RetryPolicy>,
     budget: RetryBudget,
+}
+
+impl std::fmt::Debug for Retrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retrier")
+            .field("config", &self.config)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A retrying HTTP client for idempotent APIs. Cheap to clone; clones share the connection pool
@@ -182,24 +246,16 @@ struct Shared {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Client {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("config", &self.shared.config)
-            .field("budget", &self.shared.budget)
-            .finish_non_exhaustive()
-    }
+    http: reqwest::Client,
+    retrier: Arc<Retrier>,
 }
 
 impl Client {
     /// A builder with the defaults: 3 attempts, a 30 s deadline, a 10 s attempt timeout, backoff
-    /// from 100 ms doubling to 5 s, `Retry-After` honoured up to 30 s, [`RetryBudget::default`],
-    /// [`DefaultPolicy`], bare keys.
+    /// from 100 ms doubling to 5 s, `Retry-After` honoured up to 30 s, bodies up to 1 MiB read
+    /// inside the retry loop, [`RetryBudget::default`], [`DefaultPolicy`], bare keys.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
     }
@@ -211,11 +267,7 @@ impl Client {
 
     /// Starts a request.
     pub fn request(&self, method: reqwest::Method, url: impl reqwest::IntoUrl) -> RequestBuilder {
-        RequestBuilder::new(
-            self.clone(),
-            method.clone(),
-            self.shared.http.request(method, url),
-        )
+        RequestBuilder::new(self.clone(), method.clone(), self.http.request(method, url))
     }
 
     /// Starts a GET request.
@@ -250,7 +302,7 @@ impl Client {
 
     /// The retry budget this client draws from (for metrics: [`RetryBudget::available`]).
     pub fn budget(&self) -> &RetryBudget {
-        &self.shared.budget
+        &self.retrier.budget
     }
 }
 
@@ -266,8 +318,9 @@ impl Client {
 ///     .attempt_timeout(Some(Duration::from_secs(5)))
 ///     .backoff(ExponentialBackoff::new(Duration::from_millis(200), Duration::from_secs(10)))
 ///     .max_retry_after(Duration::from_secs(60))
-///     .budget(RetryBudget::new(50).refill_per_second(5.0).deposit_per_request(0.2))
+///     .budget(RetryBudget::new(100))
 ///     .key_format(KeyFormat::Quoted)
+///     .max_buffered_body(256 * 1024)
 ///     .build()?;
 /// # let _ = client;
 /// # Ok::<(), idem_runtime::client::reqwest::Error>(())
@@ -360,6 +413,17 @@ impl ClientBuilder {
         self
     }
 
+    /// The longest body read inside the retry loop (default 1 MiB). An answer up to this size is
+    /// read whole within its attempt (and its attempt timeout), so a connection cut mid-body is a
+    /// failed attempt, retried like one cut before the answer, and the body is kept on the
+    /// [`Error`] when the answer was retried. A longer one is handed back unread beyond this
+    /// size: reading it may then fail like any reqwest body. 0 reads only problem documents
+    /// (up to 16 KiB, to tell idem's in-flight 409 from a final one).
+    pub fn max_buffered_body(mut self, bytes: usize) -> Self {
+        self.config.max_buffered_body = bytes;
+        self
+    }
+
     /// Builds the client, creating a reqwest client if none was given.
     ///
     /// # Errors
@@ -372,15 +436,27 @@ impl ClientBuilder {
         Ok(self.build_with(http))
     }
 
+    /// The same policy, limits and budget as a reqwest-middleware [`RetryMiddleware`]
+    /// ([`http_client`](Self::http_client) does not apply: the stack has its own client).
+    #[cfg(feature = "client-middleware")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "client-middleware")))]
+    pub fn build_middleware(self) -> RetryMiddleware {
+        RetryMiddleware::new(self.retrier())
+    }
+
     fn build_with(self, http: reqwest::Client) -> Client {
         Client {
-            shared: Arc::new(Shared {
-                http,
-                config: self.config,
-                policy: self.policy,
-                budget: self.budget,
-            }),
+            http,
+            retrier: self.retrier(),
         }
+    }
+
+    fn retrier(self) -> Arc<Retrier> {
+        Arc::new(Retrier {
+            config: self.config,
+            policy: self.policy,
+            budget: self.budget,
+        })
     }
 }
 

@@ -13,6 +13,56 @@ use std::time::{Duration, SystemTime};
 /// key is still running: the same key will succeed later, so the client retries it (after the
 /// answer's `Retry-After`, if any). Any other 409 is final.
 pub const REQUEST_IN_FLIGHT: &str = "urn:idem:problem:in-flight";
+/// The problem type of idem's `422`: the key was already used for a different request.
+pub const KEY_MISMATCH: &str = "urn:idem:problem:key-mismatch";
+/// The problem type of idem's `410`: the key is past its retention; its result is no longer known.
+pub const KEY_EXPIRED: &str = "urn:idem:problem:key-expired";
+
+/// An idem server's answer that the request's key can no longer be used: sending the same request
+/// again under this key is refused every time, so the client returns it at once. Read it with
+/// [`Response::dead_key`](super::Response::dead_key); no JSON to parse.
+///
+/// Both mean "decide whether to send again under a **new** key", and neither is decided by the
+/// client, because only the caller knows whether the effect may already have happened:
+///
+/// ```no_run
+/// # async fn run(client: idem_runtime::client::Client, order: u64) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::client::DeadKey;
+///
+/// let response = client.post("http://127.0.0.1:3000/payments").send().await?;
+/// match response.dead_key() {
+///     // The key was reused for another body, method or path: a bug in how keys are made.
+///     // The first request under it may have been charged: fix the key, don't resend blindly.
+///     Some(DeadKey::Mismatch) => return Err(format!("order {order}: key reused").into()),
+///     // The server no longer knows what happened under this key. Look (GET the order's
+///     // payments); send again under a new key only if the payment is not there.
+///     Some(DeadKey::Expired) => { /* reconcile, then maybe resend with a new key */ }
+///     _ => { /* any other answer: read the status as usual */ }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeadKey {
+    /// `422` [`KEY_MISMATCH`]: the key was used for a different request (another body, method or
+    /// path). Retrying it never succeeds; the request first sent under it may have taken effect.
+    Mismatch,
+    /// `410` [`KEY_EXPIRED`]: the key outlived the server's retention, so whether the request
+    /// first sent under it took effect is no longer known.
+    Expired,
+}
+
+impl DeadKey {
+    /// Recognises idem's answer by status and problem type.
+    pub(crate) fn from_answer(status: StatusCode, problem_type: Option<&str>) -> Option<Self> {
+        match (status, problem_type?) {
+            (StatusCode::UNPROCESSABLE_ENTITY, KEY_MISMATCH) => Some(Self::Mismatch),
+            (StatusCode::GONE, KEY_EXPIRED) => Some(Self::Expired),
+            _ => None,
+        }
+    }
+}
 
 /// Why an attempt got no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,8 +88,7 @@ pub enum Outcome<'a> {
         status: StatusCode,
         /// The answer's headers.
         headers: &'a HeaderMap,
-        /// The `type` of an `application/problem+json` body, read only for 409 answers (the one
-        /// status whose meaning depends on it).
+        /// The `type` of an `application/problem+json` body (RFC 9457), if the answer is one.
         problem_type: Option<&'a str>,
     },
     /// No (complete) answer.
@@ -50,7 +99,7 @@ pub enum Outcome<'a> {
 ///
 /// ```
 /// use idem_runtime::client::{Attempt, Outcome, TransportFailure};
-/// use http::Method;
+/// use idem_runtime::http::Method;
 ///
 /// let attempt = Attempt::new(&Method::POST, 1, true, Outcome::NoAnswer(TransportFailure::Timeout));
 /// assert_eq!(attempt.number(), 1);
@@ -114,7 +163,7 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// The answer's problem type (409 answers only), if any.
+    /// The answer's problem type, if it is a problem document.
     pub fn problem_type(&self) -> Option<&'a str> {
         match self.outcome {
             Outcome::Answered { problem_type, .. } => problem_type,
@@ -167,7 +216,7 @@ impl Decision {
 ///
 /// ```
 /// use idem_runtime::client::{Attempt, Client, Decision, DefaultPolicy, RetryPolicy};
-/// use http::StatusCode;
+/// use idem_runtime::http::StatusCode;
 ///
 /// // Also retry 425 Too Early; otherwise the default rules.
 /// let policy = |attempt: &Attempt<'_>| match attempt.status() {
@@ -197,19 +246,19 @@ where
 /// | what happened                                              | decision |
 /// |------------------------------------------------------------|----------|
 /// | a method other than GET, HEAD, OPTIONS, TRACE, PUT, DELETE sent **without** a key (POST, PATCH) | stop: it may have run, and a second run is a second effect |
-/// | no connection, a timeout, or the connection lost before a complete answer | retry |
-/// | any other transport error (redirect loop, body error)      | stop |
+/// | no connection, a timeout, or the connection lost before a complete answer (the body included, when the client reads it: see [`ClientBuilder::max_buffered_body`](super::ClientBuilder::max_buffered_body)) | retry |
+/// | any other transport error (redirect loop, a request body that failed to stream) | stop |
 /// | 500, 502, 503, 504, 408                                    | retry after `Retry-After` if given |
 /// | 429                                                        | retry after `Retry-After` if given |
 /// | 409 with problem type [`REQUEST_IN_FLIGHT`]                | retry after `Retry-After` if given (the original is still running) |
-/// | any other answer: 2xx, 3xx, 400, 401, 403, 404, 409 otherwise, 410, 422, other 4xx and 5xx | stop: the answer is final |
+/// | any other answer: 2xx, 3xx, 400, 401, 403, 404, 409 otherwise, 410, 422, other 4xx and 5xx | stop: the answer is final (idem's 422 and 410 as a [`DeadKey`]) |
 ///
 /// A keyless POST is stopped even on a connect error (which did not send it) to keep one simple
 /// rule; a custom policy can relax that.
 ///
 /// ```
 /// use idem_runtime::client::{Attempt, Decision, DefaultPolicy, Outcome, RetryPolicy};
-/// use http::{HeaderMap, Method, StatusCode};
+/// use idem_runtime::http::{HeaderMap, Method, StatusCode};
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("retry-after", "2".parse().unwrap());
@@ -270,7 +319,7 @@ impl RetryPolicy for DefaultPolicy {
 }
 
 /// Methods that mean the same thing sent twice (RFC 9110 §9.2.2), so they are retried without a key.
-fn is_idempotent(method: &Method) -> bool {
+pub(crate) fn is_idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
@@ -348,6 +397,25 @@ mod tests {
             &h,
             Some("urn:idem:problem:key-mismatch")
         )));
+    }
+
+    #[test]
+    fn dead_keys_need_idems_status_and_problem_type() {
+        let dead = DeadKey::from_answer;
+        assert_eq!(
+            dead(StatusCode::UNPROCESSABLE_ENTITY, Some(KEY_MISMATCH)),
+            Some(DeadKey::Mismatch)
+        );
+        assert_eq!(
+            dead(StatusCode::GONE, Some(KEY_EXPIRED)),
+            Some(DeadKey::Expired)
+        );
+        assert_eq!(dead(StatusCode::UNPROCESSABLE_ENTITY, None), None);
+        assert_eq!(dead(StatusCode::GONE, Some(KEY_MISMATCH)), None);
+        assert_eq!(
+            dead(StatusCode::UNPROCESSABLE_ENTITY, Some("about:blank")),
+            None
+        );
     }
 
     #[test]

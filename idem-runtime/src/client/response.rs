@@ -1,5 +1,6 @@
 //! The answer to a request, with the key it was sent under and whether it was a replay.
 
+use super::policy::DeadKey;
 use crate::IdempotencyKey;
 use http::{HeaderMap, StatusCode};
 
@@ -11,7 +12,16 @@ const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// The final answer to a request: the answer the retry policy did not retry (a success, or a final
 /// error status such as 422), with the key it was sent under and how many attempts it took.
 ///
-/// An HTTP error status is still an answer: check [`status`](Self::status), as with reqwest.
+/// An HTTP error status is still an answer: check [`status`](Self::status), as with reqwest, and
+/// [`dead_key`](Self::dead_key) for idem's 422 and 410.
+///
+/// A body that fit in the client's buffer
+/// ([`ClientBuilder::max_buffered_body`](super::ClientBuilder::max_buffered_body)) was read whole
+/// before the client returned, so reading it here cannot fail on a cut connection (that attempt
+/// was retried).
+///
+/// Through the `RetryMiddleware` (feature `client-middleware`), the same view of a
+/// `reqwest::Response` is [`Response::from`] it.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,31 +44,55 @@ const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 #[derive(Debug)]
 pub struct Response {
     inner: reqwest::Response,
-    key: Option<IdempotencyKey>,
-    attempts: u32,
+    receipt: Receipt,
+}
+
+/// What the attempt loop knows about the answer it returns, carried in the `reqwest::Response`'s
+/// extensions so that the middleware form keeps it too.
+#[derive(Debug, Clone)]
+pub(crate) struct Receipt {
+    pub(crate) key: Option<IdempotencyKey>,
+    pub(crate) attempts: u32,
+    pub(crate) problem_type: Option<String>,
+}
+
+impl From<reqwest::Response> for Response {
+    /// The view of a response returned through the `RetryMiddleware`:
+    /// its key, attempts and problem type. A response that did not pass through it reads as one
+    /// attempt without a key.
+    fn from(mut inner: reqwest::Response) -> Self {
+        let receipt = inner.extensions_mut().remove::<Receipt>();
+        Self {
+            inner,
+            receipt: receipt.unwrap_or(Receipt {
+                key: None,
+                attempts: 1,
+                problem_type: None,
+            }),
+        }
+    }
 }
 
 impl Response {
-    pub(crate) fn new(
-        inner: reqwest::Response,
-        key: Option<IdempotencyKey>,
-        attempts: u32,
-    ) -> Self {
-        Self {
-            inner,
-            key,
-            attempts,
-        }
-    }
-
-    /// The `Idempotency-Key` every attempt carried (`None` if keys were disabled for this request).
+    /// The `Idempotency-Key` every attempt carried (`None` if the request had none).
     pub fn key(&self) -> Option<&IdempotencyKey> {
-        self.key.as_ref()
+        self.receipt.key.as_ref()
     }
 
     /// How many attempts it took (1 if the first one was answered for good).
     pub fn attempts(&self) -> u32 {
-        self.attempts
+        self.receipt.attempts
+    }
+
+    /// The `type` of an `application/problem+json` body (RFC 9457), if the answer is one.
+    pub fn problem_type(&self) -> Option<&str> {
+        self.receipt.problem_type.as_deref()
+    }
+
+    /// Whether this is idem's answer that the key can no longer be used (422 key mismatch, 410 key
+    /// expired): see [`DeadKey`] for what to do.
+    pub fn dead_key(&self) -> Option<DeadKey> {
+        DeadKey::from_answer(self.status(), self.problem_type())
     }
 
     /// Whether the server replayed a stored answer instead of running the request again

@@ -1,0 +1,446 @@
+//! The attempt loop, shared by the [`Client`](super::Client) and the middleware: send, read the
+//! answer, ask the policy, check the limits, wait, send again with the same key.
+
+use super::error::{Answer, CauseKind, Failures, StopReason};
+use super::policy::{Attempt, Decision, Outcome, TransportFailure};
+use super::request::{resolve_key, KeyChoice};
+use super::response::Receipt;
+use super::{Error, Retrier};
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http_body_util::{BodyExt as _, BodyStream, Full, StreamBody};
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+/// The least read of a problem document whatever the buffer limit: enough for idem's (a few
+/// hundred bytes), so an in-flight 409 is recognised however it is framed.
+const MAX_PROBLEM_BYTES: usize = 16 * 1024;
+
+/// Where an attempt goes: reqwest's client for the plain form, the rest of a middleware stack for
+/// the middleware.
+pub(crate) trait Transport: Send {
+    fn send(
+        &mut self,
+        request: reqwest::Request,
+    ) -> impl Future<Output = Result<reqwest::Response, NoAnswer>> + Send;
+}
+
+impl Transport for &reqwest::Client {
+    fn send(
+        &mut self,
+        request: reqwest::Request,
+    ) -> impl Future<Output = Result<reqwest::Response, NoAnswer>> + Send {
+        let sent = self.execute(request);
+        async move { sent.await.map_err(NoAnswer::from) }
+    }
+}
+
+impl Retrier {
+    /// Gives the request its key, then runs the attempt loop.
+    pub(crate) async fn send(
+        &self,
+        transport: &mut impl Transport,
+        mut request: reqwest::Request,
+        choice: Option<KeyChoice>,
+    ) -> Result<reqwest::Response, Error> {
+        let method = request.method().clone();
+        let url = request.url().clone();
+        match resolve_key(&mut request, choice, self.config.key_format) {
+            Ok(key) => {
+                run(
+                    self,
+                    transport,
+                    request,
+                    Failures::new(method, Some(url), key),
+                )
+                .await
+            }
+            Err(message) => {
+                let mut failures = Failures::new(method, Some(url), None);
+                failures.transport(CauseKind::Invalid, message, None);
+                Err(failures.into_error(0, StopReason::InvalidRequest))
+            }
+        }
+    }
+}
+
+/// What bounds an attempt in time, and which limit it was.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    AttemptTimeout(Instant, Duration),
+    Deadline(Instant),
+}
+
+/// How one attempt ended.
+enum Ended {
+    Answered(Answered),
+    NoAnswer(NoAnswer),
+}
+
+/// An answer whose body was read whole inside the attempt, when it fit.
+struct Answered {
+    /// The answer, its body put back (the bytes read, or those and the unread rest).
+    response: reqwest::Response,
+    /// The whole body, if it fit in the buffer.
+    body: Option<Bytes>,
+    problem_type: Option<String>,
+}
+
+impl Answered {
+    fn into_answer(mut self) -> Answer {
+        Answer {
+            status: self.response.status(),
+            headers: std::mem::take(self.response.headers_mut()),
+            body: self.body.unwrap_or_default(),
+            problem_type: self.problem_type,
+        }
+    }
+}
+
+/// One attempt that got no (complete) answer.
+pub(crate) struct NoAnswer {
+    failure: TransportFailure,
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+    at_deadline: bool,
+}
+
+impl From<reqwest::Error> for NoAnswer {
+    fn from(e: reqwest::Error) -> Self {
+        // A connect timeout is both: it is a connect failure (nothing was sent).
+        let failure = if e.is_connect() {
+            TransportFailure::Connect
+        } else if e.is_timeout() {
+            TransportFailure::Timeout
+        } else if e.is_request() {
+            TransportFailure::Interrupted
+        } else {
+            TransportFailure::Other
+        };
+        Self {
+            failure,
+            message: chain(&e),
+            source: Some(Box::new(e)),
+            at_deadline: false,
+        }
+    }
+}
+
+#[cfg(feature = "client-middleware")]
+impl From<reqwest_middleware::Error> for NoAnswer {
+    fn from(e: reqwest_middleware::Error) -> Self {
+        match e {
+            reqwest_middleware::Error::Reqwest(e) => e.into(),
+            // Another middleware's own failure: nothing says a retry would help.
+            reqwest_middleware::Error::Middleware(e) => Self {
+                failure: TransportFailure::Other,
+                message: format!("{e:#}"),
+                source: Some(e.into()),
+                at_deadline: false,
+            },
+        }
+    }
+}
+
+/// The attempt loop. Every wait is a `tokio::time` sleep and every instant a `tokio::time::Instant`,
+/// so the loop runs on tokio's clock (see the module docs on paused-clock tests).
+async fn run(
+    retrier: &Retrier,
+    transport: &mut impl Transport,
+    request: reqwest::Request,
+    mut failures: Failures,
+) -> Result<reqwest::Response, Error> {
+    let config = &retrier.config;
+    let method = request.method().clone();
+    let has_key = failures.key().is_some();
+    let started = Instant::now();
+    // Checked additions throughout: a limit of `Duration::MAX` (or a huge `Retry-After` under a
+    // huge cap) means "never", not a panic.
+    let deadline_at = config.deadline.and_then(|d| started.checked_add(d));
+    let max_attempts = config.max_attempts.max(1);
+    let at_deadline = |retry_after| StopReason::Deadline {
+        deadline: config.deadline.unwrap_or_default(),
+        retry_after,
+    };
+    let mut last_retry_cost = None;
+
+    let mut this = request;
+    let mut number = 0u32;
+    loop {
+        number += 1;
+        // Cloned before sending, since reqwest consumes the request; `None` for a streaming body.
+        let next = if number < max_attempts {
+            this.try_clone()
+        } else {
+            None
+        };
+        // The attempt is bounded by a tokio timer, not a socket timeout, so that it runs on the
+        // same clock as everything else. Under a paused test clock that timer fires as soon as the
+        // runtime idles, which is right only if an idle runtime means "no answer is coming": true
+        // when the server runs in the same runtime (its bytes are always ready on loopback), false
+        // for a server elsewhere; hence both bounds can be turned off (`None`).
+        let now = Instant::now();
+        let timeout_at = config
+            .attempt_timeout
+            .and_then(|t| Some((now.checked_add(t)?, t)));
+        let bound = match (timeout_at, deadline_at) {
+            (Some((at, t)), Some(d)) if at < d => Some(Bound::AttemptTimeout(at, t)),
+            (Some((at, t)), None) => Some(Bound::AttemptTimeout(at, t)),
+            (_, Some(d)) => Some(Bound::Deadline(d)),
+            (None, None) => None,
+        };
+        // One span per attempt, as OpenTelemetry's HTTP client conventions ask, with the resend
+        // count on resends; recorded on the caller's span too, if it declares the field.
+        let span = tracing::info_span!(
+            target: "idem::client",
+            "attempt",
+            http.request.method = %method,
+            http.request.resend_count = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+        );
+        if number > 1 {
+            span.record("http.request.resend_count", number - 1);
+            tracing::Span::current().record("http.request.resend_count", number - 1);
+        }
+        let ended = attempt(transport, this, bound, config.max_buffered_body)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &ended {
+            Ended::Answered(answered) => {
+                let status = answered.response.status();
+                span.record("http.response.status_code", status.as_u16());
+                Outcome::Answered {
+                    status,
+                    headers: answered.response.headers(),
+                    problem_type: answered.problem_type.as_deref(),
+                }
+            }
+            Ended::NoAnswer(no_answer) => Outcome::NoAnswer(no_answer.failure),
+        };
+        let timed_out = matches!(outcome, Outcome::NoAnswer(TransportFailure::Timeout));
+        let decision = retrier
+            .policy
+            .decide(&Attempt::new(&method, number, has_key, outcome));
+        let not_before = match (ended, decision) {
+            (Ended::Answered(answered), Decision::Stop { .. }) => {
+                let mut response = answered.response;
+                if response.status().is_success() {
+                    retrier.budget.on_success(last_retry_cost);
+                }
+                response.extensions_mut().insert(Receipt {
+                    key: failures.key().cloned(),
+                    attempts: number,
+                    problem_type: answered.problem_type,
+                });
+                return Ok(response);
+            }
+            (Ended::Answered(answered), Decision::Retry { not_before }) => {
+                failures.answered(answered.into_answer());
+                not_before
+            }
+            (Ended::NoAnswer(no_answer), decision) => {
+                failures.transport(
+                    CauseKind::Transport(no_answer.failure),
+                    no_answer.message,
+                    no_answer.source,
+                );
+                if no_answer.at_deadline {
+                    return Err(failures.into_error(number, at_deadline(None)));
+                }
+                match decision {
+                    Decision::Stop { reason } => {
+                        return Err(
+                            failures.into_error(number, StopReason::NotRetryable { reason })
+                        );
+                    }
+                    Decision::Retry { not_before } => not_before,
+                }
+            }
+        };
+
+        // The policy says another attempt may succeed; can this request afford one?
+        if number >= max_attempts {
+            return Err(failures.into_error(number, StopReason::AttemptsExhausted { max_attempts }));
+        }
+        let Some(next) = next else {
+            return Err(failures.into_error(number, StopReason::BodyNotReplayable));
+        };
+        if let Some(requested) = not_before.filter(|w| *w > config.max_retry_after) {
+            let cap = config.max_retry_after;
+            return Err(
+                failures.into_error(number, StopReason::RetryAfterTooLong { requested, cap })
+            );
+        }
+        let delay = config
+            .backoff
+            .sample(number)
+            .max(not_before.unwrap_or_default());
+        // A wait that ends at or past the deadline would only lead to an attempt cut off at once.
+        let now = Instant::now();
+        let past = |wait: Duration| {
+            deadline_at.is_some_and(|d| now.checked_add(wait).is_none_or(|t| t >= d))
+        };
+        if past(delay) {
+            let asked = not_before.filter(|w| past(*w));
+            return Err(failures.into_error(number, at_deadline(asked)));
+        }
+        match retrier.budget.try_withdraw(timed_out) {
+            Some(cost) => last_retry_cost = Some(cost),
+            None => return Err(failures.into_error(number, StopReason::BudgetExhausted)),
+        }
+        tracing::debug!(
+            target: "idem::client",
+            method = %method,
+            key = failures.key().map(|k| k.as_str()).unwrap_or("none"),
+            attempt = number,
+            cause = failures.last_cause().unwrap_or(""),
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            "retrying",
+        );
+        tokio::time::sleep(delay).await;
+        this = next;
+    }
+}
+
+/// Sends one attempt and reads its answer, bounded by the attempt timeout or the deadline.
+async fn attempt(
+    transport: &mut impl Transport,
+    request: reqwest::Request,
+    bound: Option<Bound>,
+    limit: usize,
+) -> Ended {
+    let sent = async {
+        match transport.send(request).await {
+            Ok(response) => match read(response, limit).await {
+                Ok(answered) => Ended::Answered(answered),
+                Err(no_answer) => Ended::NoAnswer(no_answer),
+            },
+            Err(no_answer) => Ended::NoAnswer(no_answer),
+        }
+    };
+    let Some(bound) = bound else {
+        return sent.await;
+    };
+    let (at, message, at_deadline) = match bound {
+        Bound::AttemptTimeout(at, limit) => (
+            at,
+            format!("no answer within the attempt timeout of {limit:?}"),
+            false,
+        ),
+        Bound::Deadline(at) => (at, "no answer before the deadline".to_owned(), true),
+    };
+    tokio::time::timeout_at(at, sent).await.unwrap_or_else(|_| {
+        Ended::NoAnswer(NoAnswer {
+            failure: TransportFailure::Timeout,
+            message,
+            source: None,
+            at_deadline,
+        })
+    })
+}
+
+/// Reads the body inside the attempt when it fits in `limit` bytes (a problem document: at least
+/// [`MAX_PROBLEM_BYTES`], whatever its framing), so that a connection cut mid-body is a failed
+/// attempt, retried like one cut before the answer. A longer body is handed back as a stream, the
+/// bytes already read first.
+async fn read(response: reqwest::Response, limit: usize) -> Result<Answered, NoAnswer> {
+    let is_problem = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/problem+json"));
+    let limit = if is_problem {
+        limit.max(MAX_PROBLEM_BYTES)
+    } else {
+        limit
+    };
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Ok(Answered {
+            response,
+            body: None,
+            problem_type: None,
+        });
+    }
+    let url = response.url().clone();
+    let (parts, mut body) = http::Response::from(response).into_parts();
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let data = match frame {
+            Ok(frame) => frame.into_data().unwrap_or_default(),
+            Err(e) => {
+                // The status line arrived but the body was cut: no complete answer.
+                let mut no_answer = NoAnswer::from(e);
+                if no_answer.failure != TransportFailure::Timeout {
+                    no_answer.failure = TransportFailure::Interrupted;
+                }
+                return Err(no_answer);
+            }
+        };
+        read.extend_from_slice(&data);
+        if read.len() > limit {
+            let first = Full::new(Bytes::from(read)).map_err(|never| match never {});
+            let all = futures_util::StreamExt::chain(BodyStream::new(first), BodyStream::new(body));
+            return Ok(Answered {
+                response: rebuild(parts, url, reqwest::Body::wrap(StreamBody::new(all))),
+                body: None,
+                problem_type: None,
+            });
+        }
+    }
+    let body = Bytes::from(read);
+    #[derive(serde::Deserialize)]
+    struct Problem {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+    }
+    let problem_type = is_problem
+        .then(|| serde_json::from_slice::<Problem>(&body).ok()?.kind)
+        .flatten();
+    Ok(Answered {
+        response: rebuild(parts, url, body.clone().into()),
+        body: Some(body),
+        problem_type,
+    })
+}
+
+/// A reqwest response again, around a body read (or partly read) by the client.
+fn rebuild(
+    mut parts: http::response::Parts,
+    url: reqwest::Url,
+    body: reqwest::Body,
+) -> reqwest::Response {
+    use reqwest::ResponseBuilderExt as _;
+    // The builder is the one public way to set the URL that `reqwest::Response::url` reports.
+    let mut marked = http::Response::builder()
+        .url(url)
+        .body(())
+        .unwrap_or_default();
+    parts
+        .extensions
+        .extend(std::mem::take(marked.extensions_mut()));
+    reqwest::Response::from(http::Response::from_parts(parts, body))
+}
+
+/// The error's causes, innermost last, without reqwest's "error sending request for url (...)"
+/// wrapper (the URL is in [`Error`] already, once): "client error (Connect): tcp connect error:
+/// Connection refused (os error 111)". Equal messages make equal causes, so they collapse.
+pub(crate) fn chain(e: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        next = cause.source();
+    }
+    if parts.is_empty() {
+        e.to_string()
+    } else {
+        parts.join(": ")
+    }
+}
