@@ -219,10 +219,14 @@ async fn soak<S: Store + Purge>(
     ))
     .await
     .expect("ledger");
+    let card = payments::card::CardNetwork::new(
+        ledger.database().clone(),
+        Duration::from_millis(2),
+    );
     let router = payments::router(payments::AppState {
         engine,
         ledger: ledger.clone(),
-        latency: Duration::from_millis(2),
+        card,
         // The soak runs its own sweeper, on the clock it moves.
         background: payments::Background::default(),
         // The records are in the store under test, not in the ledger's database: the ordinary path.

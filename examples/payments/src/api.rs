@@ -24,8 +24,11 @@ pub(crate) struct NewPayment {
 
 /// The payment endpoints' policy, stated once and checked at compile time: keys are remembered
 /// for 24 h (tombstones for 7 d), required (400 without), and request bodies are capped at 64 KiB.
+/// The lease is short because idem renews it while a handler runs: it only bounds how long a
+/// crashed instance's claims wait before a retry takes them over.
 const PAYMENTS: Policy = Policy::new()
     .ttl(Duration::from_secs(24 * 3600))
+    .lease(Duration::from_secs(10))
     .max_request_body(64 * 1024);
 
 /// `POST /payments`: a client that heard nothing retries with the same key and gets this
