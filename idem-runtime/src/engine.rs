@@ -533,10 +533,15 @@ impl ClaimGuard {
     }
 
     /// The store no longer has this claim in flight. If its record vanished (a store that lost its
-    /// data), claims it again under the same token. Says where the claim stands now.
+    /// data, or a later holder released it), claims it again under the same token: the work's
+    /// effects happened, so its response must be kept. Says where the claim stands now.
     async fn reclaim(&self) -> Standing {
         let engine = &self.engine;
         let now = engine.now();
+        if now >= self.expires_at {
+            // The key is dead anyway: its record answers "expired" or has been purged.
+            return Standing::Lost;
+        }
         let claim = Claim {
             key: &self.key,
             fingerprint: self.fingerprint,
@@ -547,25 +552,32 @@ impl ClaimGuard {
             retain_until: self.retain_until,
         };
         let store = engine.inner.store.as_ref();
-        match engine.call("claim", store.claim(&claim)).await {
-            Ok(ClaimOutcome::Claimed { .. }) => {
-                tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
-                    key = %self.key.key, "the store lost a running claim's record; claimed it again");
-                Standing::Held
-            }
+        let found = match engine.call("get", store.get(&self.key, now)).await {
+            Ok(found) => found,
+            Err(_) => return Standing::Held,
+        };
+        match found {
             // An attempt whose answer was lost had stored the response after all.
-            Ok(ClaimOutcome::Existing(record))
+            Some(record)
                 if record.token == self.token
                     && matches!(record.state, RecordState::Completed { .. }) =>
             {
                 Standing::Completed
             }
-            Ok(ClaimOutcome::Existing(_)) => {
+            Some(_) => {
                 tracing::error!(target: "idem", handler = self.handler, scope = %self.key.scope,
                     key = %self.key.key, "the claim was taken over while its work was running (its lease could not be renewed)");
                 Standing::Lost
             }
-            Err(_) => Standing::Held,
+            None => match engine.call("claim", store.claim(&claim)).await {
+                Ok(ClaimOutcome::Claimed { .. }) => {
+                    tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
+                        key = %self.key.key, "the store lost a running claim's record; claimed it again");
+                    Standing::Held
+                }
+                Ok(ClaimOutcome::Existing(_)) => Standing::Lost,
+                Err(_) => Standing::Held,
+            },
         }
     }
 

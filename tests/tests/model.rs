@@ -3,11 +3,12 @@
 //! and checked step by step against a reference model of `docs/semantics.md`.
 //!
 //! The sequential tests drive the engine one call at a time, with the interleaving chosen by
-//! proptest: a client may hold several claims at once, complete or release them in any order,
-//! or crash holding them (`std::mem::forget`, so the lease must run out). The model predicts every
+//! proptest: a client may hold several claims at once, renew their leases, complete or release
+//! them in any order, or crash holding them (`std::mem::forget`, so the lease must run out). The model predicts every
 //! outcome exactly; a failure names the broken guarantee:
 //!
-//! - never two executions for one (scope, key) within a lease,
+//! - never two executions for one (scope, key) within a lease, renewed or not (a renewal that
+//!   lands postpones every takeover; one that comes after a takeover is refused),
 //! - never a replay of another fingerprint's response, nor across scopes,
 //! - never a lost completed record before its ttl (it replays, and `get` returns it, until then).
 //!
@@ -138,6 +139,10 @@ enum Op {
     Crash {
         slot: usize,
     },
+    /// The holder (alive, its handler still running) renews its lease to a full lease from now.
+    Renew {
+        slot: usize,
+    },
     Advance(Jump),
     Purge {
         batch: usize,
@@ -164,6 +169,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, status)| Op::Complete { slot, status }),
         2 => any::<usize>().prop_map(|slot| Op::Release { slot }),
         1 => any::<usize>().prop_map(|slot| Op::Crash { slot }),
+        3 => any::<usize>().prop_map(|slot| Op::Renew { slot }),
         4 => jump.prop_map(Op::Advance),
         1 => (1usize..20).prop_map(|batch| Op::Purge { batch }),
         2 => (0..SCOPES, 0..KEYS).prop_map(|(scope, key)| Op::Get { scope, key }),
@@ -393,6 +399,7 @@ async fn run_case<S: Store + Purge>(
                     let forgotten = model.live(k, now).is_none();
                     let completing = matches!(op, Op::Complete { .. });
                     let stored = response(origin, status, case);
+                    let (token, expires_at) = (guard.token(), guard.expires_at());
                     let result = if completing {
                         guard.complete(&stored).await
                     } else {
@@ -414,6 +421,20 @@ async fn run_case<S: Store + Purge>(
                             model.records.remove(&k);
                         }
                         (false, _, Err(e)) if e.kind() == StoreErrorKind::Fenced => {}
+                        // The record vanished under a live key (released by a later holder, or
+                        // lost by the store): the completion claims it back and stores its
+                        // response, since its handler's effects happened.
+                        (false, true, Ok(())) if completing && now < expires_at => {
+                            let retain_until = expires_at + (RETAIN - TTL);
+                            model.records.insert(k, MRecord {
+                                fp: origin.fp,
+                                token,
+                                created_at: now,
+                                expires_at,
+                                retain_until,
+                                state: MState::Completed { response: stored },
+                            });
+                        }
                         (current, _, result) => {
                             return Err(fail(step, op, format!(
                                 "the claim is {}current, the store answered {result:?}",
@@ -425,7 +446,40 @@ async fn run_case<S: Store + Purge>(
                 Op::Crash { slot } if !held.is_empty() => {
                     std::mem::forget(held.remove(slot % held.len()).guard);
                 }
-                Op::Complete { .. } | Op::Release { .. } | Op::Crash { .. } => {}
+                Op::Renew { slot } if !held.is_empty() => {
+                    let Held { guard, origin } = &held[slot % held.len()];
+                    let k = (origin.scope, origin.key);
+                    let current = model.records.get(&k).is_some_and(|r| {
+                        r.token == guard.token() && matches!(r.state, MState::InFlight { .. })
+                    });
+                    let forgotten = model.live(k, now).is_none();
+                    let lease_until = now + LEASE;
+                    let result = instances[slot % instances.len()]
+                        .renew(guard.key(), guard.token(), lease_until)
+                        .await;
+                    match (current, forgotten, result) {
+                        // A renewal that lands moves the lease: no takeover until it runs out.
+                        (true, false, Ok(())) => {
+                            if let Some(r) = model.records.get_mut(&k) {
+                                r.state = MState::InFlight { lease_until };
+                            }
+                        }
+                        // Past retention the record counts as absent, renewed or not.
+                        (true, true, Ok(())) => {}
+                        (true, true, Err(e)) if e.kind() == StoreErrorKind::Fenced => {
+                            model.records.remove(&k);
+                        }
+                        // A claim taken over (or completed, or released) is never renewed.
+                        (false, _, Err(e)) if e.kind() == StoreErrorKind::Fenced => {}
+                        (current, _, result) => {
+                            return Err(fail(step, op, format!(
+                                "renewal of a claim that is {}current: the store answered {result:?}",
+                                if current { "" } else { "not " }
+                            )));
+                        }
+                    }
+                }
+                Op::Complete { .. } | Op::Release { .. } | Op::Crash { .. } | Op::Renew { .. } => {}
                 Op::Advance(jump) => clock.advance(jump.duration()),
                 Op::Purge { batch } => {
                     let purged = instances[0]
