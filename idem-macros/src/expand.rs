@@ -65,7 +65,7 @@ use quote::{quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{FnArg, GenericArgument, Ident, ItemFn, PathArguments, ReturnType, Type, TypePath};
+use syn::{FnArg, Ident, ItemFn, ReturnType, Type};
 
 pub(crate) fn expand(config: Config) -> TokenStream {
     let Config {
@@ -163,17 +163,8 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         FnArg::Typed(pt) => Some(pt),
         FnArg::Receiver(_) => None,
     });
-    let mut checks = TokenStream::new();
+    let checks = TokenStream::new();
     let wrapped = match inputs.pop() {
-        // `Json<T>`: deserialized in the parse that fingerprints the body. `WithJson` takes axum's
-        // `Json` only; the check is spanned at the parameter's type, so another `Json` is
-        // reported there.
-        Some(FnArg::Typed(pt)) if is_json(&pt.ty) => {
-            let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
-            checks
-                .extend(quote_spanned!(ty.span()=> ::idem_runtime::__private::json_body::<#ty>();));
-            quote_spanned!(def=> #(#attrs)* #p::WithJson(#pat, #request): #p::WithJson<#ty, #limit>)
-        }
         Some(FnArg::Typed(pt)) => {
             let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
             quote_spanned!(def=> #(#attrs)* #p::WithBody(#pat, #request): #p::WithBody<#ty, #limit>)
@@ -277,23 +268,6 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     }
 }
 
-/// Whether a parameter's type is written `Json<T>`, under any path (`Json`, `axum::Json`,
-/// `axum::extract::Json`). The macro sees tokens, not types: any other type named `Json` matches
-/// too, and the expansion then fails to compile at that type, saying how to opt out.
-fn is_json(ty: &Type) -> bool {
-    match ty {
-        Type::Paren(inner) => is_json(&inner.elem),
-        Type::Group(inner) => is_json(&inner.elem),
-        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|last| {
-            last.ident == "Json"
-                && matches!(&last.arguments, PathArguments::AngleBracketed(generics)
-                    if generics.args.len() == 1
-                        && matches!(generics.args.first(), Some(GenericArgument::Type(_))))
-        }),
-        _ => false,
-    }
-}
-
 /// `impl Trait` → `_`, wherever it appears in the return type; records whether it found one.
 struct ImplToInfer(bool);
 
@@ -349,7 +323,7 @@ mod tests {
             ),
         );
         assert!(out.contains(
-            "async fn create (__idem_engine : :: idem_runtime :: __private :: EngineState , State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithJson (Json (req) , __idem_request) : :: idem_runtime :: __private :: WithJson < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
+            "async fn create (__idem_engine : :: idem_runtime :: __private :: EngineState , State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (Json (req) , __idem_request) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
         ));
         assert!(out.contains(
             ". ttl (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64))"
@@ -357,39 +331,6 @@ mod tests {
         assert!(out.contains(". handler (\"create\") . checked ()"));
         assert!(out.contains(":: idem_runtime :: __private :: scope_id (& user) . into_owned ()"));
         assert!(out.contains("let __idem_ret : Json < Out > ="));
-    }
-
-    #[test]
-    fn a_json_parameter_is_parsed_once_under_any_path_and_nothing_else_is() {
-        for (ty, wrapper) in [
-            (quote!(Json<New>), "WithJson < Json < New >"),
-            (quote!(axum::Json<New>), "WithJson < axum :: Json < New >"),
-            (
-                quote!(::axum::extract::Json<Vec<u8>>),
-                "WithJson < :: axum :: extract :: Json < Vec < u8 > >",
-            ),
-            (quote!((Json<New>)), "WithJson < (Json < New >)"),
-            (quote!(Form<New>), "WithBody < Form < New >"),
-            (
-                quote!(Valid<Json<New>>),
-                "WithBody < Valid < Json < New > >",
-            ),
-            (quote!(Json), "WithBody < Json ,"),
-            (quote!(Json<'static>), "WithBody < Json < 'static >"),
-            (
-                quote!(<X as Trait>::Json<New>),
-                "WithBody < < X as Trait > :: Json < New >",
-            ),
-            (quote!(JsonBody<New>), "WithBody < JsonBody < New >"),
-        ] {
-            let out = expand(
-                quote!(scope = "global"),
-                quote!(
-                    async fn create(body: #ty) {}
-                ),
-            );
-            assert!(out.contains(wrapper), "{ty}: {out}");
-        }
     }
 
     #[test]

@@ -45,6 +45,21 @@ pub enum ReplayMode {
     Minimal,
 }
 
+/// What a 5xx response from the handler does to its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ServerErrors {
+    /// Release the key without storing the response: a retry runs the handler again. Right when
+    /// a 5xx means the effect did not happen (a dependency was down, the handler gave up before
+    /// writing).
+    #[default]
+    Release,
+    /// Store the response and replay it like any other status: a retry gets the same 5xx. Right
+    /// when a 5xx may come after the effect happened (a timeout after the charge went through),
+    /// where running again could repeat the effect.
+    Store,
+}
+
 /// The idempotency policy of one handler (or one family of handlers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -67,6 +82,8 @@ pub struct Policy {
     pub reject_after_ms: Option<i64>,
     /// What a replay returns.
     pub replay: ReplayMode,
+    /// What a 5xx response does to the key: released for a retry to run again, or stored.
+    pub server_errors: ServerErrors,
     /// The largest response body stored; larger bodies are stored as in [`ReplayMode::Minimal`].
     pub max_stored_body: usize,
     /// The largest request body accepted (413 beyond).
@@ -101,7 +118,7 @@ pub enum PolicyError {
 
 impl Policy {
     /// The defaults: ttl 24 h, retain 7 d, lease 30 s, wait 10 s, keys required, full replays,
-    /// bodies stored up to 64 KiB, requests up to 1 MiB.
+    /// 5xx responses released, bodies stored up to 64 KiB, requests up to 1 MiB.
     pub const fn new() -> Self {
         Self {
             ttl: Duration::from_secs(24 * 3600),
@@ -112,6 +129,7 @@ impl Policy {
             derive_window: Duration::from_secs(10),
             reject_after_ms: None,
             replay: ReplayMode::Full,
+            server_errors: ServerErrors::Release,
             max_stored_body: 64 * 1024,
             max_request_body: 1024 * 1024,
             replay_headers: &[],
@@ -167,6 +185,19 @@ impl Policy {
     /// Sets the replay mode.
     pub const fn replay(mut self, replay: ReplayMode) -> Self {
         self.replay = replay;
+        self
+    }
+
+    /// Sets what a 5xx response does to the key ([`ServerErrors::Release`] by default).
+    ///
+    /// ```
+    /// use idem_runtime::policy::{Policy, ServerErrors};
+    /// // A payment provider's timeout may come after the charge: replay the 5xx, never charge twice.
+    /// const CHARGES: Policy = Policy::new().server_errors(ServerErrors::Store);
+    /// assert_eq!(CHARGES.server_errors, ServerErrors::Store);
+    /// ```
+    pub const fn server_errors(mut self, server_errors: ServerErrors) -> Self {
+        self.server_errors = server_errors;
         self
     }
 
