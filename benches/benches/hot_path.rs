@@ -113,7 +113,7 @@ fn extract(c: &mut Criterion) {
         b.iter(|| {
             runtime.block_on(async {
                 let extracted =
-                    WithBody::<axum::Json<Payment>, LIMIT>::from_request(request(), &()).await;
+                    WithBody::<axum::Json<Payment>, LIMIT, ()>::from_request(request(), &()).await;
                 black_box(extracted.is_ok())
             })
         })

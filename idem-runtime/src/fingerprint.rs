@@ -31,7 +31,9 @@ impl Fingerprint {
             h.update(part.as_bytes());
             h.update([0]);
         }
-        let json = content_type.filter(|t| is_json(t)).map(|_| serde_json::from_slice(body));
+        let json = content_type
+            .filter(|t| is_json(t))
+            .map(|_| serde_json::from_slice(body));
         match json {
             Some(Ok(value)) => {
                 h.update(b"json\0");
@@ -166,20 +168,39 @@ mod tests {
         ];
         for (path, content_type, body, hex) in cases {
             let fingerprint = Fingerprint::of_request("POST", path, content_type, body);
-            assert_eq!(fingerprint.to_hex(), hex, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                fingerprint.to_hex(),
+                hex,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
     #[test]
     fn json_is_compared_by_meaning() {
         let a = of(br#"{"a":1,"b":{"y":[1,2],"x":"s"}}"#);
-        assert_eq!(a, of(b" {\n \"b\": {\"x\": \"s\", \"y\": [1, 2]}, \"a\": 1 } "));
-        assert_ne!(a, of(br#"{"a":1,"b":{"y":[2,1],"x":"s"}}"#), "array order is meaningful");
-        assert_ne!(a, of(br#"{"a":1.0,"b":{"y":[1,2],"x":"s"}}"#), "1.0 is not 1");
+        assert_eq!(
+            a,
+            of(b" {\n \"b\": {\"x\": \"s\", \"y\": [1, 2]}, \"a\": 1 } ")
+        );
+        assert_ne!(
+            a,
+            of(br#"{"a":1,"b":{"y":[2,1],"x":"s"}}"#),
+            "array order is meaningful"
+        );
+        assert_ne!(
+            a,
+            of(br#"{"a":1.0,"b":{"y":[1,2],"x":"s"}}"#),
+            "1.0 is not 1"
+        );
         let merge_patch = Some("application/merge-patch+json; charset=utf-8");
         let body = br#"{"b":{"x":"s","y":[1,2]},"a":1}"#;
         assert_eq!(a, Fingerprint::of_request("POST", "/p", merge_patch, body));
-        assert_eq!(a, Fingerprint::of_request("POST", "/p", Some("TEXT/JSON"), body));
+        assert_eq!(
+            a,
+            Fingerprint::of_request("POST", "/p", Some("TEXT/JSON"), body)
+        );
     }
 
     #[test]
@@ -187,12 +208,19 @@ mod tests {
         // Found by fuzz/fingerprint: without exact float parsing, the 53-digit integer and the
         // shortest form of the same f64 parsed to neighbouring doubles.
         for (sent, resent) in [
-            ("66666666666666666666666666666666666666666666666666666", "6.666666666666666e52"),
+            (
+                "66666666666666666666666666666666666666666666666666666",
+                "6.666666666666666e52",
+            ),
             ("0.30000000000000004441", "0.30000000000000004"),
         ] {
             // The same double, written two ways (std's parser is exact).
             assert_eq!(sent.parse::<f64>(), resent.parse::<f64>());
-            assert_eq!(of(sent.as_bytes()), of(resent.as_bytes()), "{sent} vs {resent}");
+            assert_eq!(
+                of(sent.as_bytes()),
+                of(resent.as_bytes()),
+                "{sent} vs {resent}"
+            );
         }
     }
 
@@ -200,7 +228,10 @@ mod tests {
     fn other_bodies_are_compared_by_bytes() {
         let text = Some("text/plain");
         let a = Fingerprint::of_request("POST", "/p", text, br#"{"a":1,"b":2}"#);
-        assert_ne!(a, Fingerprint::of_request("POST", "/p", text, br#"{"b":2,"a":1}"#));
+        assert_ne!(
+            a,
+            Fingerprint::of_request("POST", "/p", text, br#"{"b":2,"a":1}"#)
+        );
         // JSON that does not parse, or has something after the document.
         assert_ne!(of(b"{\"a\":1} x"), of(b"{\"a\":1}  x"));
         assert_eq!(of(b"{not json"), of(b"{not json"));

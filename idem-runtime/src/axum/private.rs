@@ -11,13 +11,12 @@
 //!
 //! ```ignore
 //! async fn create(
-//!     __idem_engine: ::idem_runtime::__private::EngineState,
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
+//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request, __idem_engine): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
-//!         .ttl(::idem_runtime::__private::Duration::from_secs(86400))
+//!         .ttl(::idem_runtime::__private::Duration::from_millis(86400000))
 //!         .handler("create")
 //!         .checked();
 //!     // A parameter before the last one that reads the body is reported at its type.
@@ -27,6 +26,10 @@
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move { BODY }).await
 //! }
 //! ```
+//!
+//! The engine comes with the last parameter ([`WithBody`]'s third field, [`EngineState`] by
+//! default) rather than as a parameter of its own, so that the handler's type, which the compiler
+//! shows when a router refuses it, lists the user's parameters only.
 
 pub use crate::engine::Engine;
 pub use crate::policy::{MissingKey, Policy, PolicyError, ReplayMode, ServerErrors};
@@ -85,19 +88,22 @@ pub enum KeyHeader {
     Invalid(crate::KeyError),
 }
 
-/// Wraps the handler's last parameter: buffers the body (up to `LIMIT` bytes, else 413), records what
-/// the fingerprint needs, and hands the same bytes to the wrapped extractor `T`.
+/// Wraps the handler's last parameter: extracts the engine `E` from the router state, buffers the
+/// body (up to `LIMIT` bytes, else 413), records what the fingerprint needs, and hands the same
+/// bytes to the wrapped extractor `T`. `E` is [`EngineState`], or [`TxState`] in transactional
+/// mode (any request-head extractor works, `()` included).
 #[derive(Debug)]
-pub struct WithBody<T, const LIMIT: usize>(pub T, pub RequestContext);
+pub struct WithBody<T, const LIMIT: usize, E = EngineState>(pub T, pub RequestContext, pub E);
 
 /// The marker for [`WithBody`] around an extractor that reads only the request head.
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum ViaPartsExtractor {}
 
-impl<S, T, const LIMIT: usize> FromRequest<S> for WithBody<T, LIMIT>
+impl<S, T, E, const LIMIT: usize> FromRequest<S> for WithBody<T, LIMIT, E>
 where
     T: FromRequest<S>,
+    E: FromRequestParts<S> + Send,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -109,18 +115,22 @@ where
         req: Request,
         state: &S,
     ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         async move {
+            let engine = E::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
             let bytes = super::request::read_body(body, LIMIT).await?;
             let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
-            Ok(Self(inner, ctx))
+            Ok(Self(inner, ctx, engine))
         }
     }
 }
 
-impl<S, T, const LIMIT: usize> FromRequest<S, ViaPartsExtractor> for WithBody<T, LIMIT>
+impl<S, T, E, const LIMIT: usize> FromRequest<S, ViaPartsExtractor> for WithBody<T, LIMIT, E>
 where
     T: FromRequestParts<S>,
+    E: FromRequestParts<S> + Send,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -132,11 +142,14 @@ where
     ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
         let (mut parts, body) = req.into_parts();
         async move {
+            let engine = E::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
             let bytes = super::request::read_body(body, LIMIT).await?;
             let inner = T::from_request_parts(&mut parts, state)
                 .await
                 .map_err(IntoResponse::into_response)?;
-            Ok(Self(inner, super::request::context(&parts, &bytes)))
+            Ok(Self(inner, super::request::context(&parts, &bytes), engine))
         }
     }
 }
@@ -159,6 +172,12 @@ impl<T> Param<T> {
     /// The probe of `T`.
     pub const fn new() -> Self {
         Self(PhantomData)
+    }
+}
+
+impl<T> Default for Param<T> {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
