@@ -504,7 +504,7 @@ async fn derive_missing(
 }
 
 /// What `/orders` takes: an enum of each of serde_json's two forms, a nested struct and fields
-/// the type does not know, all parsed once for the handler and the fingerprint.
+/// the type does not know.
 #[derive(Debug, Deserialize, serde::Serialize)]
 pub struct NewOrder {
     pub currency: Currency,
