@@ -220,19 +220,21 @@ fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
         _ => string(w, errors)?,
     };
     let text = lit.value();
-    // What the option expects, for messages, and what it was given.
-    let (like, bad) = match kind {
+    // A literal the parser refused, given what the option expects.
+    let refused = |bad, like: &str| match bad {
+        Bad::Unrecognized => format!("`{name}` expects {like}, found \"{text}\""),
+        Bad::DidYouMean(s) => format!("`{name}` expects {like}; did you mean \"{s}\"?"),
+        Bad::Note(note) => format!("invalid `{name}` \"{text}\": {note}"),
+        Bad::TooLarge => format!("`{name}` \"{text}\" is too large"),
+    };
+    let message = match kind {
         Kind::Duration { ms, zero, year } => match values::parse_duration(&text, ms) {
-            Ok(0) if zero.is_some() => (String::new(), Err(format!("`{name}` must be greater than zero{}", zero.unwrap_or_default()))),
-            Ok(n) if year && n > YEAR_MS => (String::new(), Err(format!(
-                "`{name}` must be at most {} (one year), found {}: a longer value is almost certainly a unit mistake",
-                format_ms(YEAR_MS),
-                format_ms(n)
-            ))),
+            Ok(0) if zero.is_some() => format!("`{name}` must be greater than zero{}", zero.unwrap_or_default()),
+            Ok(n) if year && n > YEAR_MS => format!("`{name}` must be at most {} (one year), found {}: a longer value is almost certainly a unit mistake", format_ms(YEAR_MS), format_ms(n)),
             Ok(n) => return Some(Value::Duration(Duration::from_millis(n))),
             Err(bad) => {
                 let units = if ms { "ms, s, m, h or d" } else { "s, m, h or d" };
-                (format!("a duration like \"24h\" (a whole number followed by {units})"), Ok(bad))
+                refused(bad, &format!("a duration like \"24h\" (a whole number followed by {units})"))
             }
         },
         Kind::Choice(ty, choices) => match values::parse_choice(&text, choices) {
@@ -241,32 +243,23 @@ fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
                 let mut list: Vec<String> = choices.iter().map(|c| format!("\"{}\" ({})", c.value, c.meaning)).collect();
                 let last = list.pop().unwrap_or_default();
                 let hint = hint.map(|h| format!("; did you mean \"{h}\"?")).unwrap_or_default();
-                (String::new(), Err(format!("`{name}` must be {} or {last}{hint}", list.join(", "))))
+                format!("`{name}` must be {} or {last}{hint}", list.join(", "))
             }
         },
         Kind::Date => match values::parse_date(&text) {
             Ok(ms) => return Some(Value::Date(ms)),
-            Err(Bad::Unrecognized) => (String::new(), Err(format!("`{name}` expects a date written YYYY-MM-DD, like \"2027-03-01\", found \"{text}\""))),
-            Err(Bad::Note(note)) => (String::new(), Err(format!("invalid `{name}` date \"{text}\": {note}"))),
-            Err(bad) => ("a date written YYYY-MM-DD".into(), Ok(bad)),
+            Err(Bad::Unrecognized) => format!("`{name}` expects a date written YYYY-MM-DD, like \"2027-03-01\", found \"{text}\""),
+            Err(Bad::Note(note)) => format!("invalid `{name}` date \"{text}\": {note}"),
+            Err(bad) => refused(bad, "a date written YYYY-MM-DD"),
         },
         Kind::Size => match values::parse_size(&text) {
-            Ok(0) => (String::new(), Err(format!("`{name}` must be greater than zero"))),
-            Ok(n) if n > MAX_BODY => (String::new(), Err(format!("`{name}` must be at most \"1GiB\": request bodies are buffered in memory"))),
+            Ok(0) => format!("`{name}` must be greater than zero"),
+            Ok(n) if n > MAX_BODY => format!("`{name}` must be at most \"1GiB\": request bodies are buffered in memory"),
             Ok(n) => return usize::try_from(n).ok().map(Value::Size),
-            Err(bad) => ("a size like \"1MiB\" (a whole number followed by B, KiB, MiB or GiB)".into(), Ok(bad)),
+            Err(bad) => refused(bad, "a size like \"1MiB\" (a whole number followed by B, KiB, MiB or GiB)"),
         },
         Kind::Param | Kind::Path => return None,
     };
-    let message = bad.map_or_else(
-        |message| message,
-        |bad| match bad {
-            Bad::Unrecognized => format!("`{name}` expects {like}, found \"{text}\""),
-            Bad::DidYouMean(s) => format!("`{name}` expects {like}; did you mean \"{s}\"?"),
-            Bad::Note(note) => format!("invalid `{name}` \"{text}\": {note}"),
-            Bad::TooLarge => format!("`{name}` \"{text}\" is too large"),
-        },
-    );
     errors.at(&lit, message);
     None
 }
