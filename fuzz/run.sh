@@ -3,7 +3,7 @@
 #
 #   fuzz/run.sh TARGET [SECONDS]        e.g. fuzz/run.sh fingerprint 600
 #
-# Targets: idempotency_key, fingerprint, json_once, macro_values, stored_record (see README.md).
+# Targets: idempotency_key, fingerprint, macro_values, stored_record (see README.md).
 # -timeout is generous: on a shared, busy machine a niced run can be starved for seconds, and a
 # starved input is no hang (every input here runs in microseconds).
 # The committed seeds are in corpus/TARGET (seed-*); what libFuzzer adds goes to a scratch copy in
@@ -15,7 +15,6 @@ seconds=${2:-600}
 case $target in
   idempotency_key) max_len=600 ;;   # > 2 x 255, to reach the length limit quoted and bare
   fingerprint) max_len=4096 ;;
-  json_once) max_len=4096 ;;
   macro_values) max_len=256 ;;
   stored_record) max_len=2048 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;

@@ -85,11 +85,10 @@ fn fingerprint(c: &mut Criterion) {
 }
 
 /// The body as the handler's `Json<T>` and the fingerprint take it, for a handler that takes
-/// `Json<Payment>`: through `WithBody` (the fingerprint's parse, then `Json`'s own) and through
-/// `WithJson` (one parse for both), the two wrappers `#[idempotent]` chooses between.
+/// `Json<Payment>`: through `WithBody` (the fingerprint's parse, then `Json`'s own).
 fn extract(c: &mut Criterion) {
     use axum::extract::FromRequest;
-    use idem_runtime::__private::{WithBody, WithJson};
+    use idem_runtime::__private::WithBody;
 
     #[derive(serde::Deserialize)]
     #[allow(dead_code)]
@@ -114,16 +113,7 @@ fn extract(c: &mut Criterion) {
         b.iter(|| {
             runtime.block_on(async {
                 let extracted =
-                    WithBody::<axum::Json<Payment>, LIMIT>::from_request(request(), &()).await;
-                black_box(extracted.is_ok())
-            })
-        })
-    });
-    group.bench_function("one parse (WithJson)", |b| {
-        b.iter(|| {
-            runtime.block_on(async {
-                let extracted =
-                    WithJson::<axum::Json<Payment>, LIMIT>::from_request(request(), &()).await;
+                    WithBody::<axum::Json<Payment>, LIMIT, ()>::from_request(request(), &()).await;
                 black_box(extracted.is_ok())
             })
         })

@@ -11,7 +11,7 @@
 mod values;
 
 use libfuzzer_sys::fuzz_target;
-use values::{BadDate, BadDuration};
+use values::Bad;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
                     );
                 }
             }
-            Err(BadDuration::DidYouMean(suggestion)) => {
+            Err(Bad::DidYouMean(suggestion)) => {
                 assert!(
                     values::parse_duration(&suggestion, allow_ms).is_ok(),
                     "{text:?} suggests {suggestion:?}, which is rejected"
@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
     }
     match values::parse_date(text) {
         Ok(ms) => assert!(ms >= 0, "{text:?} -> {ms}"),
-        Err(BadDate::DidYouMean(suggestion)) => {
+        Err(Bad::DidYouMean(suggestion)) => {
             assert!(
                 values::parse_date(&suggestion).is_ok(),
                 "{text:?} suggests {suggestion:?}, which is rejected"
@@ -49,7 +49,13 @@ fuzz_target!(|data: &[u8]| {
         Err(_) => {}
     }
     let _ = values::parse_size(text);
-    let _ = values::parse_missing_key(text);
-    let _ = values::parse_replay(text);
+    for choices in [values::MISSING_KEY, values::REPLAY, values::SERVER_ERRORS] {
+        if let Err(Some(suggestion)) = values::parse_choice(text, choices) {
+            assert!(
+                values::parse_choice(suggestion, choices).is_ok(),
+                "{text:?} suggests {suggestion:?}, which is rejected"
+            );
+        }
+    }
     let _ = values::closest(text, &["ttl", "lease", "wait", "retain", "missing_key"]);
 });

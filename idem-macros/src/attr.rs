@@ -1,66 +1,26 @@
-//! Parsing the attribute's arguments into [`Args`]: each option's keyword token next to its value,
+//! Parsing the attribute's arguments into [`Args`]: each option's keyword next to its value,
 //! nothing interpreted yet, so that `config.rs` can point every error at what the user wrote.
 //!
 //! Parsing never gives up on the first mistake: an unknown option or a duplicate is recorded and
 //! the loop skips to the next comma, so one compile reports every mistake.
 
+use crate::options::Opt;
 use proc_macro2::TokenTree;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, Token};
-
-pub(crate) mod kw {
-    syn::custom_keyword!(scope);
-    syn::custom_keyword!(ttl);
-    syn::custom_keyword!(retain);
-    syn::custom_keyword!(lease);
-    syn::custom_keyword!(wait);
-    syn::custom_keyword!(missing_key);
-    syn::custom_keyword!(derive_window);
-    syn::custom_keyword!(reject_after);
-    syn::custom_keyword!(replay);
-    syn::custom_keyword!(policy);
-    syn::custom_keyword!(max_body);
-    syn::custom_keyword!(transaction);
-}
-
-/// Every option name, for "did you mean" on unknown ones.
-pub(crate) const OPTIONS: &[&str] = &[
-    "scope",
-    "ttl",
-    "retain",
-    "lease",
-    "wait",
-    "missing_key",
-    "derive_window",
-    "reject_after",
-    "replay",
-    "policy",
-    "max_body",
-    "transaction",
-];
+use syn::{Expr, Ident, Token};
 
 /// One option as written: `kw = value`.
-pub(crate) struct Opt<K> {
-    pub(crate) kw: K,
+pub(crate) struct Written {
+    pub(crate) opt: Opt,
+    pub(crate) kw: Ident,
     pub(crate) value: Expr,
 }
 
-/// The raw arguments of `#[idempotent(...)]`.
+/// The raw arguments of `#[idempotent(...)]`: each option at most once.
 #[derive(Default)]
 pub(crate) struct Args {
-    pub(crate) scope: Option<Opt<kw::scope>>,
-    pub(crate) ttl: Option<Opt<kw::ttl>>,
-    pub(crate) retain: Option<Opt<kw::retain>>,
-    pub(crate) lease: Option<Opt<kw::lease>>,
-    pub(crate) wait: Option<Opt<kw::wait>>,
-    pub(crate) missing_key: Option<Opt<kw::missing_key>>,
-    pub(crate) derive_window: Option<Opt<kw::derive_window>>,
-    pub(crate) reject_after: Option<Opt<kw::reject_after>>,
-    pub(crate) replay: Option<Opt<kw::replay>>,
-    pub(crate) policy: Option<Opt<kw::policy>>,
-    pub(crate) max_body: Option<Opt<kw::max_body>>,
-    pub(crate) transaction: Option<Opt<kw::transaction>>,
+    pub(crate) written: Vec<Written>,
     /// Syntax errors, unknown and duplicate options.
     pub(crate) errors: Vec<syn::Error>,
 }
@@ -87,52 +47,38 @@ impl Parse for Args {
 }
 
 impl Args {
+    pub(crate) fn get(&self, opt: Opt) -> Option<&Written> {
+        self.written.iter().find(|w| w.opt == opt)
+    }
+
     fn parse_one(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
         let lookahead = input.lookahead1();
-        macro_rules! options {
-            ($($name:ident)*) => {$(
-                if lookahead.peek(kw::$name) {
-                    let kw = input.parse::<kw::$name>()?;
-                    input.parse::<Token![=]>()?;
-                    let value = input.parse::<Expr>()?;
-                    return set_once(&mut self.$name, Opt { kw, value }, stringify!($name));
-                }
-            )*};
+        let Some((opt, kw)) = Opt::parse(&lookahead, input)? else {
+            return Err(unknown(input, lookahead.error()));
+        };
+        input.parse::<Token![=]>()?;
+        let value = input.parse::<Expr>()?;
+        if self.get(opt).is_some() {
+            return Err(syn::Error::new_spanned(
+                quote::quote!(#kw = #value),
+                format!("duplicate option `{kw}`: it is already set earlier in this attribute; keep one"),
+            ));
         }
-        options!(scope ttl retain lease wait missing_key derive_window reject_after replay policy max_body transaction);
-        let mut error = lookahead.error();
-        if let Ok(ident) = input.fork().call(syn::Ident::parse_any) {
-            let name = ident.to_string();
-            if let Some(best) = crate::values::closest(&name, OPTIONS) {
-                error = syn::Error::new(
-                    ident.span(),
-                    format!("unknown option `{name}`: did you mean `{best}`? ({error})"),
-                );
-            } else {
-                error = syn::Error::new(ident.span(), format!("unknown option `{name}`: {error}"));
-            }
-        }
-        Err(error)
+        self.written.push(Written { opt, kw, value });
+        Ok(())
     }
 }
 
-/// Stores an option, rejecting a second occurrence on its own span.
-fn set_once<K: quote::ToTokens>(
-    slot: &mut Option<Opt<K>>,
-    opt: Opt<K>,
-    name: &str,
-) -> syn::Result<()> {
-    if slot.is_some() {
-        let (kw, value) = (&opt.kw, &opt.value);
-        return Err(syn::Error::new_spanned(
-            quote::quote!(#kw = #value),
-            format!(
-                "duplicate option `{name}`: it is already set earlier in this attribute; keep one"
-            ),
-        ));
-    }
-    *slot = Some(opt);
-    Ok(())
+/// An unknown option: the compiler's "expected one of" list, and the probable meaning.
+fn unknown(input: ParseStream<'_>, expected: syn::Error) -> syn::Error {
+    let Ok(ident) = input.fork().call(Ident::parse_any) else {
+        return expected;
+    };
+    let names: Vec<&str> = Opt::ALL.iter().map(|opt| opt.name()).collect();
+    let hint = crate::values::closest(&ident.to_string(), &names)
+        .map(|best| format!("did you mean `{best}`? ({expected})"))
+        .unwrap_or_else(|| expected.to_string());
+    syn::Error::new(ident.span(), format!("unknown option `{ident}`: {hint}"))
 }
 
 /// After a mistake, resume at the next top-level comma.

@@ -3,779 +3,524 @@
 //! Every check reports on the token the user wrote (the literal, the keyword, the `fn` token), and
 //! every check runs even after an earlier one failed: the errors are folded into one.
 //!
-//! The defaults below mirror `idem_runtime::Policy::new()` (this crate cannot depend on the runtime,
-//! which depends on it). They are only used to judge cross-option rules such as "`retain` must be at
-//! least `ttl`" when `ttl` is left at its default; the expansion still calls `Policy::checked()` in a
-//! `const`, so if they ever drifted the result would be a compile error, never a silent difference.
+//! Only what the attribute states is judged here. A rule between options that may involve a value
+//! the attribute leaves to the policy (`Policy::new()`'s defaults, or a named `policy`) becomes a
+//! [`Rule`], checked when the policy constant is evaluated and reported at the option it concerns:
+//! the runtime's defaults are read from the runtime, never copied here.
 
-use crate::attr::{kw, Args, Opt};
-use crate::values::{self, format_ms, BadDate, BadDuration, BadSize, MissingKey, Replay};
-use proc_macro2::{Span, TokenStream};
+use crate::attr::{Args, Written};
+use crate::options::{Kind, Opt};
+use crate::values::{self, format_ms, Bad, Choice};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::ToTokens;
+use std::time::Duration;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Expr, FnArg, Ident, ItemFn, Lit, LitStr, Pat, Signature, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, Lit, LitStr, Pat, PatIdent, PatType, Signature, Type};
 
-const DEFAULT_TTL_MS: u64 = 24 * 3_600_000;
-const DEFAULT_DERIVE_WINDOW_MS: u64 = 10_000;
-/// `MAX_TTL` in the runtime: one year, leap day included.
-const MAX_TTL_MS: u64 = 366 * 24 * 3_600_000;
+/// The runtime's `MAX_TTL`: one year, leap day included.
+const YEAR_MS: u64 = 366 * 24 * 3_600_000;
 /// The largest `max_body`: bodies are buffered in memory, so more is almost surely a unit mistake.
 const MAX_BODY: u64 = 1 << 30;
-/// axum implements `Handler` for up to 16 extractors; the expansion adds one.
-const MAX_PARAMS: usize = 15;
+/// axum implements `Handler` for up to 16 extractors.
+const MAX_PARAMS: usize = 16;
 
 /// The validated attribute: what the expansion needs, nothing it has to check.
 pub(crate) struct Config {
     pub(crate) handler: ItemFn,
     pub(crate) scope: ScopeSource,
-    /// `policy = PATH`: the base the explicit options override; else `Policy::new()`.
-    pub(crate) base: Option<syn::Path>,
-    pub(crate) ttl_ms: Option<u64>,
-    pub(crate) retain_ms: Option<u64>,
-    pub(crate) lease_ms: Option<u64>,
-    pub(crate) wait_ms: Option<u64>,
-    pub(crate) missing_key: Option<MissingKey>,
-    pub(crate) derive_window_ms: Option<u64>,
-    pub(crate) reject_after_ms: Option<i64>,
-    pub(crate) replay: Option<Replay>,
-    pub(crate) max_body: Option<u64>,
     /// `transaction = "<parameter>"`: the index of that parameter in the signature.
     pub(crate) transaction: Option<usize>,
+    /// `policy = PATH`: the base the written options override; else `Policy::new()`.
+    pub(crate) base: Option<syn::Path>,
+    /// The policy values the attribute states, in [`Opt::ALL`]'s order.
+    pub(crate) values: Vec<(Opt, Value)>,
+    /// Rules checked when the policy constant is evaluated.
+    pub(crate) rules: Vec<Rule>,
 }
 
 /// Where the scope id comes from.
 pub(crate) enum ScopeSource {
     /// `scope = "global"`.
     Global,
-    /// A parameter bound to `ident`, whose type is at `ty_span`.
-    Param { ident: Ident, ty_span: Span },
+    /// A parameter bound to this name, whose type is at this span.
+    Param(Ident, Span),
+}
+
+/// One policy value, typed. A choice is a variant of the runtime's enum named first.
+pub(crate) enum Value {
+    Duration(Duration),
+    /// A variant of the runtime's enum `ty`.
+    Choice(&'static str, &'static Choice),
+    /// `reject_after`: milliseconds since the Unix epoch of the date's midnight UTC.
+    Date(i64),
+    /// `max_body`, in bytes.
+    Size(usize),
+}
+
+/// A rule between options, checked on the final policy: when it is broken, the message is
+/// reported at the span.
+pub(crate) struct Rule(pub(crate) Broken, pub(crate) Span, pub(crate) String);
+
+/// How the expansion tells a [`Rule`] is broken.
+pub(crate) enum Broken {
+    /// `Policy::validate` returns this `PolicyError` variant.
+    Policy(&'static str),
+    /// The policy's `missing_key` is not this `MissingKey` variant.
+    MissingKeyIsNot(&'static str),
 }
 
 /// Errors folded into one (`syn::Error::combine`).
 #[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
+struct Errors(Vec<syn::Error>);
 
 impl Errors {
-    pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
     fn at(&mut self, tokens: impl ToTokens, message: impl std::fmt::Display) {
-        self.push(syn::Error::new_spanned(tokens, message));
-    }
-
-    fn into_result<T>(self, value: T) -> syn::Result<T> {
-        match self.0 {
-            Some(e) => Err(e),
-            None => Ok(value),
-        }
+        self.0.push(syn::Error::new_spanned(tokens, message));
     }
 }
 
 /// Parses and validates the attribute arguments against the handler.
 pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config> {
     let mut errors = Errors::default();
-    let args = match syn::parse2::<Args>(args) {
-        Ok(args) => args,
-        Err(e) => {
-            errors.push(e);
-            Args::default()
-        }
-    };
+    let mut args = syn::parse2::<Args>(args).unwrap_or_else(|e| {
+        errors.0.push(e);
+        Args::default()
+    });
     let handler = match syn::parse2::<ItemFn>(item) {
         Ok(f) => f,
         Err(e) => {
-            errors.push(syn::Error::new(
-                e.span(),
-                "`#[idempotent]` applies to an `async fn` axum handler",
-            ));
-            return Err(errors.0.unwrap_or(e));
+            let message = "`#[idempotent]` applies to an `async fn` axum handler";
+            errors.0.push(syn::Error::new(e.span(), message));
+            return Err(combined(errors.0).unwrap_or(e));
         }
     };
-    let Args {
-        scope,
-        ttl,
-        retain,
-        lease,
-        wait,
-        missing_key,
-        derive_window,
-        reject_after,
-        replay,
-        policy,
-        max_body,
-        transaction,
-        errors: parse_errors,
-    } = args;
-    for e in parse_errors {
-        errors.push(e);
-    }
+    errors.0.append(&mut args.errors);
 
     check_signature(&handler.sig, &mut errors);
-    let scope = resolve_scope(scope.as_ref(), &handler.sig, &mut errors);
-    let transaction = transaction
-        .as_ref()
-        .and_then(|opt| resolve_transaction(opt, &handler.sig, scope.as_ref(), &mut errors));
-
-    let ttl_ms = duration(ttl.as_ref(), "ttl", Range::TTL, &mut errors);
-    let retain_ms = duration(retain.as_ref(), "retain", Range::TTL, &mut errors);
-    let lease_ms = duration(lease.as_ref(), "lease", Range::POSITIVE_MS, &mut errors);
-    let wait_ms = duration(wait.as_ref(), "wait", Range::ZERO_OK_MS, &mut errors);
-    let derive_window_ms = duration(
-        derive_window.as_ref(),
-        "derive_window",
-        Range::POSITIVE,
-        &mut errors,
-    );
-    let missing_key_value = missing_key.as_ref().and_then(|opt| {
-        let lit = string(opt, "missing_key", "reject", &mut errors)?;
-        values::parse_missing_key(&lit.value())
-            .map_err(|hint| {
-                errors.at(
-                    &lit,
-                    format!(
-                        "`missing_key` must be \"reject\" (answer 400), \"pass\" (run unprotected) or \"derive\" (derive a key from the request){}",
-                        did_you_mean(hint)
-                    ),
-                )
-            })
-            .ok()
-    });
-    let replay_value = replay.as_ref().and_then(|opt| {
-        let lit = string(opt, "replay", "full", &mut errors)?;
-        values::parse_replay(&lit.value())
-            .map_err(|hint| {
-                errors.at(
-                    &lit,
-                    format!(
-                        "`replay` must be \"full\" (status, headers and body) or \"minimal\" (status, `Location` and the resource id){}",
-                        did_you_mean(hint)
-                    ),
-                )
-            })
-            .ok()
-    });
-    let reject_after_ms = reject_after.as_ref().and_then(|opt| date(opt, &mut errors));
-    let max_body_value = max_body.as_ref().and_then(|opt| size(opt, &mut errors));
-    let base = policy
-        .as_ref()
-        .and_then(|opt| policy_path(opt, &mut errors));
-
-    // Cross-option rules. Without `policy`, unset options take the defaults; with it, an unset
-    // option is unknown here and `Policy::checked()` judges it at compile time instead.
-    let known = |explicit: Option<u64>, default: u64| match (explicit, &base) {
-        (Some(v), _) => Some(v),
-        (None, None) => Some(default),
-        (None, Some(_)) => None,
-    };
-    let eff_ttl = known(ttl_ms, DEFAULT_TTL_MS);
-    let eff_missing_key = match (missing_key_value, &base) {
-        (Some(m), _) => Some(m),
-        (None, None) => Some(MissingKey::Reject),
-        (None, Some(_)) => None,
-    };
-    // Messages quote durations as the user wrote them (validated, so canonical).
-    let ttl_text = written(ttl.as_ref()).unwrap_or_else(|| "24h".to_string());
-    let ttl_note = if ttl_ms.is_some() {
-        format!("`ttl` ({ttl_text})")
-    } else {
-        format!("`ttl` ({ttl_text}, the default)")
-    };
-
-    if let (Some(opt), Some(retain), Some(ttl)) = (&retain, retain_ms, eff_ttl) {
-        if retain < ttl {
-            errors.at(
-                &opt.value,
-                format!(
-                    "`retain` ({}) must be at least {}: tombstones outlive the keys they remember; use `retain = \"{}\"` or more, or leave `retain` out (it defaults to 7d, or to `ttl` if longer)",
-                    written(Some(opt)).unwrap_or_else(|| format_ms(retain)),
-                    ttl_note,
-                    ttl_text
-                ),
-            );
+    let sig = &handler.sig;
+    let scope = resolve_scope(args.get(Opt::Scope), sig, &mut errors);
+    let transaction = args
+        .get(Opt::Transaction)
+        .and_then(|w| resolve_transaction(w, sig, scope.as_ref(), &mut errors));
+    let base = args
+        .get(Opt::Policy)
+        .and_then(|w| policy_path(w, &mut errors));
+    let values: Vec<(Opt, Value)> = Opt::ALL
+        .iter()
+        .filter_map(|&opt| Some((opt, value(args.get(opt)?, &mut errors)?)))
+        .collect();
+    let rules = rules(&args, &values, base.as_ref(), &mut errors);
+    if let (Some(ScopeSource::Global), Some(w)) = (&scope, args.get(Opt::MissingKey)) {
+        if matches!(choice(&values, Opt::MissingKey), Some("Derive")) {
+            errors.at(&w.value, "`missing_key = \"derive\"` cannot be used with `scope = \"global\"`: two callers sending the identical request within `derive_window` would share one execution and one response; scope the handler to its caller (`scope = \"<parameter>\"`), or use `missing_key = \"pass\"` or \"reject\"");
         }
     }
-
-    let derive = eff_missing_key.map(|m| m == MissingKey::Derive);
-    if let Some(opt) = &derive_window {
-        if derive == Some(false) {
-            errors.at(
-                opt.kw,
-                "`derive_window` only applies with `missing_key = \"derive\"`: add `missing_key = \"derive\"`, or remove `derive_window`",
-            );
-        }
+    match combined(errors.0) {
+        Some(e) => Err(e),
+        None => Ok(Config {
+            handler,
+            scope: scope.unwrap_or(ScopeSource::Global),
+            transaction,
+            base,
+            values,
+            rules,
+        }),
     }
-    if derive != Some(false) {
-        if let (Some(window), Some(ttl)) = (derive_window_ms, eff_ttl) {
-            if let Some(opt) = derive_window.as_ref().filter(|_| window > ttl) {
-                errors.at(
-                    &opt.value,
-                    format!(
-                        "`derive_window` ({}) must not exceed {}: a derived key cannot outlive the record; use `derive_window = \"{}\"` or less (a few seconds is typical: it catches double taps)",
-                        written(Some(opt)).unwrap_or_else(|| format_ms(window)),
-                        ttl_note,
-                        ttl_text
-                    ),
-                );
-            }
-        }
-        if let (None, Some(true), Some(opt), Some(ttl)) = (&derive_window, derive, &ttl, ttl_ms) {
-            if base.is_none() && ttl < DEFAULT_DERIVE_WINDOW_MS {
-                errors.at(
-                    &opt.value,
-                    format!(
-                        "`ttl` ({}) is shorter than the default `derive_window` (10s): add `derive_window = \"{}\"` or less",
-                        ttl_text, ttl_text
-                    ),
-                );
-            }
-        }
-    }
-
-    if let (Some(true), Some(ScopeSource::Global), Some(opt)) = (derive, &scope, &missing_key) {
-        errors.at(
-            &opt.value,
-            "`missing_key = \"derive\"` cannot be used with `scope = \"global\"`: two callers sending the identical request within `derive_window` would share one execution and one response; scope the handler to its caller (`scope = \"<parameter>\"`), or use `missing_key = \"pass\"` or \"reject\"",
-        );
-    }
-
-    if let Some(opt) = &reject_after {
-        if let Some(mk) = eff_missing_key.filter(|m| *m != MissingKey::Pass) {
-            let now = match (mk, missing_key_value) {
-                (MissingKey::Reject, None) => "`missing_key` defaults to \"reject\"".to_string(),
-                (MissingKey::Reject, _) => "`missing_key` is \"reject\" here".to_string(),
-                (_, _) => "`missing_key` is \"derive\" here".to_string(),
-            };
-            errors.at(
-                opt.kw,
-                format!(
-                    "`reject_after` only applies with `missing_key = \"pass\"` (pass requests without a key until the date, reject them from it), but {now}: add `missing_key = \"pass\"`, or remove `reject_after`"
-                ),
-            );
-        }
-    }
-
-    let config = Config {
-        handler,
-        scope: scope.unwrap_or(ScopeSource::Global),
-        base,
-        ttl_ms,
-        retain_ms,
-        lease_ms,
-        wait_ms,
-        missing_key: missing_key_value,
-        derive_window_ms,
-        reject_after_ms,
-        replay: replay_value,
-        max_body: max_body_value,
-        transaction,
-    };
-    errors.into_result(config)
 }
 
-/// The string an option was given, if it was a string literal.
-fn written<K>(opt: Option<&Opt<K>>) -> Option<String> {
-    match &opt?.value {
-        Expr::Lit(syn::ExprLit {
-            lit: Lit::Str(s), ..
-        }) => Some(s.value()),
+/// The rules between options, each at the option the attribute states (or none, if the attribute
+/// states neither side: then `Policy::checked` reports it at the named policy).
+fn rules(
+    args: &Args,
+    values: &[(Opt, Value)],
+    base: Option<&syn::Path>,
+    errors: &mut Errors,
+) -> Vec<Rule> {
+    // A valid option as written, and its text.
+    let valid = |opt| {
+        args.get(opt)
+            .filter(|_| values.iter().any(|(o, _)| *o == opt))
+    };
+    let text = |opt| valid(opt).and_then(literal).map(|lit| lit.value());
+    let rule = |error, w: &Written, message| Rule(Broken::Policy(error), w.value.span(), message);
+    // How messages name a value the attribute does not state.
+    let policy_s = |name: &str| match base {
+        Some(path) => format!("the `{name}` of `{}`", compact(&path.to_token_stream())),
+        None => format!("the default `{name}`"),
+    };
+    let ttl = text(Opt::Ttl);
+    let ttl_named = ttl
+        .as_ref()
+        .map_or_else(|| policy_s("ttl"), |t| format!("`ttl` ({t})"));
+    let mut rules = Vec::new();
+    if let (Some(w), Some(retain)) = (valid(Opt::Retain), text(Opt::Retain)) {
+        let fix = ttl.as_ref().map_or("raise it".into(), |t| {
+            format!("use `retain = \"{t}\"` or more")
+        });
+        let message = format!("`retain` ({retain}) must be at least {ttl_named}: tombstones outlive the keys they remember; {fix}, or leave `retain` out (it is then at least `ttl`)");
+        rules.push(rule("RetainShorterThanTtl", w, message));
+    }
+    // With no `derive_window` written, a `ttl` may be shorter than the policy's; that matters only
+    // where `missing_key` may be "derive" (elsewhere `Policy::checked` is the safety net).
+    let may_derive = choice(values, Opt::MissingKey).map_or(base.is_some(), |c| c == "Derive");
+    if let (Some(w), Some(window)) = (valid(Opt::DeriveWindow), text(Opt::DeriveWindow)) {
+        let fix = ttl.as_ref().map_or("a shorter one".into(), |t| {
+            format!("`derive_window = \"{t}\"` or less")
+        });
+        let message = format!("`derive_window` ({window}) must not exceed {ttl_named}: a derived key cannot outlive the record; use {fix} (a few seconds is typical: it catches double taps)");
+        rules.push(rule("DeriveWindowLongerThanTtl", w, message));
+    } else if let (Some(w), Some(t), true) = (valid(Opt::Ttl), &ttl, may_derive) {
+        let window = policy_s("derive_window");
+        let message =
+            format!("`ttl` ({t}) is shorter than {window}: add `derive_window = \"{t}\"` or less");
+        rules.push(rule("DeriveWindowLongerThanTtl", w, message));
+    }
+    // An option that applies only with one `missing_key`. When the attribute states another, it
+    // is an error now; when it states none, the policy's is checked.
+    let reject_after = " (pass requests without a key until the date, reject them from it)";
+    for (opt, needs, variant, what) in [
+        (Opt::DeriveWindow, "derive", "Derive", ""),
+        (Opt::RejectAfter, "pass", "Pass", reject_after),
+    ] {
+        let Some(w) = args.get(opt) else { continue };
+        let name = opt.name();
+        let message = format!("`{name}` only applies with `missing_key = \"{needs}\"`{what}: add `missing_key = \"{needs}\"`, or remove `{name}`");
+        match choice(values, Opt::MissingKey) {
+            Some(written) if written != variant => errors.at(&w.kw, message),
+            Some(_) => {}
+            None => rules.push(Rule(Broken::MissingKeyIsNot(variant), w.kw.span(), message)),
+        }
+    }
+    rules
+}
+
+/// Every error, in one.
+fn combined(errors: Vec<syn::Error>) -> Option<syn::Error> {
+    errors.into_iter().reduce(|mut all, e| {
+        all.combine(e);
+        all
+    })
+}
+
+/// The variant the attribute gives `opt`, a choice.
+fn choice(values: &[(Opt, Value)], opt: Opt) -> Option<&'static str> {
+    values.iter().find_map(|(o, v)| match v {
+        Value::Choice(_, choice) if *o == opt => Some(choice.variant),
         _ => None,
-    }
+    })
 }
 
-fn did_you_mean(hint: Option<&str>) -> String {
-    hint.map(|h| format!("; did you mean \"{h}\"?"))
-        .unwrap_or_default()
+/// An option's value, if it is valid.
+fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
+    let name = w.opt.name();
+    let kind = w.opt.kind();
+    let lit = match kind {
+        Kind::Param | Kind::Path => return None,
+        _ => string(w, errors)?,
+    };
+    let text = lit.value();
+    // A literal the parser refused, given what the option expects.
+    let refused = |bad, like: &str| match bad {
+        Bad::Unrecognized => format!("`{name}` expects {like}, found \"{text}\""),
+        Bad::DidYouMean(s) => format!("`{name}` expects {like}; did you mean \"{s}\"?"),
+        Bad::Note(note) => format!("invalid `{name}` \"{text}\": {note}"),
+        Bad::TooLarge => format!("`{name}` \"{text}\" is too large"),
+    };
+    let message = match kind {
+        Kind::Duration { ms, zero, year } => match values::parse_duration(&text, ms) {
+            Ok(0) if zero.is_some() => format!("`{name}` must be greater than zero{}", zero.unwrap_or_default()),
+            Ok(n) if year && n > YEAR_MS => format!("`{name}` must be at most {} (one year), found {}: a longer value is almost certainly a unit mistake", format_ms(YEAR_MS), format_ms(n)),
+            Ok(n) => return Some(Value::Duration(Duration::from_millis(n))),
+            Err(bad) => {
+                let units = if ms { "ms, s, m, h or d" } else { "s, m, h or d" };
+                refused(bad, &format!("a duration like \"24h\" (a whole number followed by {units})"))
+            }
+        },
+        Kind::Choice(ty, choices) => match values::parse_choice(&text, choices) {
+            Ok(choice) => return Some(Value::Choice(ty, choice)),
+            Err(hint) => {
+                let mut list: Vec<String> = choices.iter().map(|c| format!("\"{}\" ({})", c.value, c.meaning)).collect();
+                let last = list.pop().unwrap_or_default();
+                let hint = hint.map(|h| format!("; did you mean \"{h}\"?")).unwrap_or_default();
+                format!("`{name}` must be {} or {last}{hint}", list.join(", "))
+            }
+        },
+        Kind::Date => match values::parse_date(&text) {
+            Ok(ms) => return Some(Value::Date(ms)),
+            Err(Bad::Unrecognized) => format!("`{name}` expects a date written YYYY-MM-DD, like \"2027-03-01\", found \"{text}\""),
+            Err(Bad::Note(note)) => format!("invalid `{name}` date \"{text}\": {note}"),
+            Err(bad) => refused(bad, "a date written YYYY-MM-DD"),
+        },
+        Kind::Size => match values::parse_size(&text) {
+            Ok(0) => format!("`{name}` must be greater than zero"),
+            Ok(n) if n > MAX_BODY => format!("`{name}` must be at most \"1GiB\": request bodies are buffered in memory"),
+            Ok(n) => return usize::try_from(n).ok().map(Value::Size),
+            Err(bad) => refused(bad, "a size like \"1MiB\" (a whole number followed by B, KiB, MiB or GiB)"),
+        },
+        Kind::Param | Kind::Path => return None,
+    };
+    errors.at(&lit, message);
+    None
+}
+
+/// The string literal an option was given, if it was one.
+fn literal(w: &Written) -> Option<LitStr> {
+    syn::parse2(w.value.to_token_stream()).ok()
+}
+
+/// The string literal of an option, or an error suggesting the quoted form.
+fn string(w: &Written, errors: &mut Errors) -> Option<LitStr> {
+    if let Some(lit) = literal(w) {
+        return Some(lit);
+    }
+    let written = match &w.value {
+        Expr::Lit(e) if matches!(e.lit, Lit::Int(_) | Lit::Float(_)) => {
+            e.lit.to_token_stream().to_string()
+        }
+        Expr::Path(p) if p.path.get_ident().is_some() => p.path.to_token_stream().to_string(),
+        _ => w.opt.example().to_string(),
+    };
+    let name = w.opt.name();
+    errors.at(
+        &w.value,
+        format!("`{name}` takes a string literal: write `{name} = \"{written}\"`"),
+    );
+    None
+}
+
+fn policy_path(w: &Written, errors: &mut Errors) -> Option<syn::Path> {
+    match &w.value {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => return Some(p.path.clone()),
+        Expr::Lit(syn::ExprLit { lit: Lit::Str(s), .. }) => errors.at(
+            s,
+            format!("`policy` takes the path of a `const` policy, not a string: write `policy = {}`", s.value()),
+        ),
+        other => errors.at(other, "`policy` takes the path of a `const` `Policy`: declare `const PAYMENTS: Policy = Policy::new().ttl(...);` once and write `policy = PAYMENTS`"),
+    }
+    None
 }
 
 fn check_signature(sig: &Signature, errors: &mut Errors) {
+    let name = &sig.ident;
     if sig.asyncness.is_none() {
         errors.at(
             sig.fn_token,
-            format!(
-                "`#[idempotent]` handlers must be `async fn`: write `async fn {}(...)`",
-                sig.ident
-            ),
+            format!("`#[idempotent]` handlers must be `async fn`: write `async fn {name}(...)`"),
         );
     }
     if let Some(FnArg::Receiver(receiver)) = sig.inputs.first() {
-        errors.at(
-            receiver,
-            "an `#[idempotent]` handler cannot take `self`: axum passes handlers only extractors; make it a free function (or an associated function without `self`) and reach shared data through `State`",
-        );
+        errors.at(receiver, "an `#[idempotent]` handler cannot take `self`: axum passes handlers only extractors; make it a free function (or an associated function without `self`) and reach shared data through `State`");
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.at(
-            &sig.generics,
-            "`#[idempotent]` handlers cannot be generic: each handler gets its own constant policy; use concrete types (the handler can call a generic helper)",
-        );
-    }
-    if let Some(variadic) = &sig.variadic {
-        errors.at(variadic, "`#[idempotent]` handlers cannot be variadic");
+        errors.at(&sig.generics, "`#[idempotent]` handlers cannot be generic: each handler gets its own constant policy; use concrete types (the handler can call a generic helper)");
     }
     if sig.inputs.len() > MAX_PARAMS {
-        errors.at(
-            &sig.inputs,
-            format!(
-                "an `#[idempotent]` handler takes at most {MAX_PARAMS} parameters: axum handlers take at most 16 extractors and `#[idempotent]` adds one; group extractors into a struct that implements `FromRequestParts`"
-            ),
-        );
+        errors.at(&sig.inputs, format!("an `#[idempotent]` handler takes at most {MAX_PARAMS} parameters, as axum handlers take at most {MAX_PARAMS} extractors: group extractors into a struct that implements `FromRequestParts`"));
     }
 }
 
-fn resolve_scope(
-    opt: Option<&Opt<kw::scope>>,
-    sig: &Signature,
-    errors: &mut Errors,
-) -> Option<ScopeSource> {
-    let named: Vec<(&Ident, &syn::PatType)> = sig
-        .inputs
+/// The parameters bound whole to a name: `user: AuthUser`, `mut user: AuthUser`, `ref user: ..`.
+fn named(sig: &Signature) -> impl Iterator<Item = (usize, &PatIdent, &PatType)> {
+    sig.inputs
         .iter()
-        .filter_map(|arg| match arg {
+        .enumerate()
+        .filter_map(|(i, arg)| match arg {
             FnArg::Typed(pt) => match &*pt.pat {
-                Pat::Ident(pi) if pi.subpat.is_none() => Some((&pi.ident, pt)),
+                Pat::Ident(pi) if pi.subpat.is_none() => Some((i, pi, pt)),
                 _ => None,
             },
             FnArg::Receiver(_) => None,
         })
-        .collect();
-    let names = named
-        .iter()
-        .map(|(i, _)| format!("`{}`", i.unraw()))
-        .collect::<Vec<_>>()
-        .join(", ");
+}
 
-    let Some(opt) = opt else {
-        let example = named
-            .first()
-            .map(|(i, pt)| {
-                format!(
-                    "`scope = \"{}\"` if `{}` identifies the caller",
-                    i.unraw(),
-                    pt.ty.to_token_stream()
-                )
-            })
-            .unwrap_or_else(|| "`scope = \"<parameter>\"`".into());
-        errors.push(syn::Error::new(
-            Span::call_site(),
-            format!(
-                "missing `scope`: keys are unique per caller, so name the parameter that identifies the caller ({example}), or write `scope = \"global\"` to share keys between all callers"
-            ),
-        ));
-        return None;
-    };
-    let lit = string(opt, "scope", "user", errors)?;
+/// The parameter an option names: its index, binding and type; else an error at the option.
+/// `example` shows a parameter of the right kind.
+fn find_param<'s>(
+    w: &Written,
+    sig: &'s Signature,
+    example: &str,
+    errors: &mut Errors,
+) -> Option<(usize, &'s PatIdent, &'s PatType, String)> {
+    let lit = string(w, errors)?;
     let written = lit.value();
     let wanted = written.strip_prefix("r#").unwrap_or(&written).to_string();
-    if wanted == "global" {
-        return Some(ScopeSource::Global);
-    }
-    if let Some((ident, pt)) = named.iter().find(|(i, _)| i.unraw() == wanted) {
-        if let Pat::Ident(pi) = &*pt.pat {
-            if pi.by_ref.is_some() {
-                errors.at(
-                    &pt.pat,
-                    "the `scope` parameter must bind by value: remove `ref`",
-                );
-                return None;
-            }
+    if let Some((i, pi, pt)) = named(sig).find(|(_, pi, _)| pi.ident.unraw() == wanted) {
+        if pi.by_ref.is_some() {
+            let option = w.opt.name();
+            errors.at(
+                &pt.pat,
+                format!("the `{option}` parameter must bind by value: remove `ref`"),
+            );
+            return None;
         }
-        return Some(ScopeSource::Param {
-            ident: (*ident).clone(),
-            ty_span: pt.ty.span(),
-        });
+        return Some((i, pi, pt, wanted));
     }
-
     let fn_name = sig.ident.unraw();
-    let nested = sig.inputs.iter().any(|arg| match arg {
-        FnArg::Typed(pt) => binds(&pt.pat, &wanted),
-        FnArg::Receiver(_) => false,
-    });
+    let names: Vec<String> = named(sig)
+        .map(|(_, pi, _)| pi.ident.unraw().to_string())
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let nested = sig
+        .inputs
+        .iter()
+        .any(|arg| matches!(arg, FnArg::Typed(pt) if binds(&pt.pat.to_token_stream(), &wanted)));
+    let name = w.opt.name();
     let message = if nested {
-        format!(
-            "`{wanted}` is destructured from a parameter pattern of `{fn_name}`; `scope` must name a parameter bound whole, like `{wanted}: AuthUser` (its type implements `idem_runtime::axum::Scope`)"
-        )
-    } else if named.is_empty() {
-        format!(
-            "`{wanted}` is not a parameter of `{fn_name}`, which has no parameter bound to a plain name; add one that identifies the caller (like `user: AuthUser`), or write `scope = \"global\"`"
-        )
+        format!("`{wanted}` is destructured from a parameter pattern of `{fn_name}`; `{name}` must name a parameter bound whole, like {example}")
     } else {
-        let candidates: Vec<String> = named.iter().map(|(i, _)| i.unraw().to_string()).collect();
-        let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
-        let hint = values::closest(&wanted, &refs)
-            .map(|c| format!("did you mean `{c}`? "))
-            .unwrap_or_default();
-        format!(
-            "`{wanted}` is not a parameter of `{fn_name}`; {hint}its parameters bound to a name are: {names} (or write `scope = \"global\"` to opt out of per-caller keys)"
-        )
+        let hint = values::closest(&wanted, &refs).map(|c| format!("did you mean `{c}`? "));
+        match (w.opt, hint) {
+            (Opt::Scope, _) if names.is_empty() => format!("`{wanted}` is not a parameter of `{fn_name}`, which has no parameter bound to a plain name; add one that identifies the caller (like `user: AuthUser`), or write `scope = \"global\"`"),
+            (Opt::Scope, hint) => format!(
+                "`{wanted}` is not a parameter of `{fn_name}`; {}its parameters bound to a name are: {} (or write `scope = \"global\"` to opt out of per-caller keys)",
+                hint.unwrap_or_default(),
+                names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            ),
+            (_, Some(hint)) => format!("`{wanted}` is not a parameter of `{fn_name}`; {}", hint.trim_end()),
+            (_, None) => format!("`{wanted}` is not a parameter of `{fn_name}`: add the transaction parameter, like {example}, and run the handler's queries on it"),
+        }
     };
     errors.at(&lit, message);
     None
+}
+
+fn resolve_scope(w: Option<&Written>, sig: &Signature, errors: &mut Errors) -> Option<ScopeSource> {
+    let Some(w) = w else {
+        let example = match named(sig).next() {
+            Some((_, pi, pt)) => format!(
+                "`scope = \"{}\"` if `{}` identifies the caller",
+                pi.ident.unraw(),
+                pt.ty.to_token_stream()
+            ),
+            None => "`scope = \"<parameter>\"`".into(),
+        };
+        let message = format!("missing `scope`: keys are unique per caller, so name the parameter that identifies the caller ({example}), or write `scope = \"global\"` to share keys between all callers");
+        errors.0.push(syn::Error::new(Span::call_site(), message));
+        return None;
+    };
+    let example = "`user: AuthUser` (its type implements `idem_runtime::axum::Scope`)";
+    let written = literal(w).map(|lit| lit.value()).unwrap_or_default();
+    if written.strip_prefix("r#").unwrap_or(&written) == "global" {
+        return Some(ScopeSource::Global);
+    }
+    let (_, pi, pt, _) = find_param(w, sig, example, errors)?;
+    Some(ScopeSource::Param(pi.ident.clone(), pt.ty.span()))
 }
 
 /// The index of the parameter `transaction = "..."` names. Its type is checked by the compiler
 /// (the runtime's `TxHandle` trait, whose message lists the accepted types); here only what the
 /// compiler could not explain well: a name that is no parameter, a pattern, `ref`, a reference.
 fn resolve_transaction(
-    opt: &Opt<kw::transaction>,
+    w: &Written,
     sig: &Signature,
     scope: Option<&ScopeSource>,
     errors: &mut Errors,
 ) -> Option<usize> {
-    let lit = string(opt, "transaction", "tx", errors)?;
-    let written = lit.value();
-    let wanted = written.strip_prefix("r#").unwrap_or(&written).to_string();
-    let fn_name = sig.ident.unraw();
     let example = "`tx: idem_runtime::Tx<idem_runtime::sqlx::Postgres>` (or `Sqlite`)";
-    let found = sig
-        .inputs
-        .iter()
-        .enumerate()
-        .find_map(|(i, arg)| match arg {
-            FnArg::Typed(pt) => match &*pt.pat {
-                Pat::Ident(pi) if pi.subpat.is_none() && pi.ident.unraw() == wanted => {
-                    Some((i, pi, pt))
-                }
-                _ => None,
-            },
-            FnArg::Receiver(_) => None,
-        });
-    let Some((index, pi, pt)) = found else {
-        let nested = sig.inputs.iter().any(|arg| match arg {
-            FnArg::Typed(pt) => binds(&pt.pat, &wanted),
-            FnArg::Receiver(_) => false,
-        });
-        let message = if nested {
-            format!(
-                "`{wanted}` is destructured from a parameter pattern of `{fn_name}`; `transaction` must name a parameter bound whole, like {example}"
-            )
-        } else {
-            let names: Vec<String> = sig
-                .inputs
-                .iter()
-                .filter_map(|arg| match arg {
-                    FnArg::Typed(pt) => match &*pt.pat {
-                        Pat::Ident(pi) if pi.subpat.is_none() => Some(pi.ident.unraw().to_string()),
-                        _ => None,
-                    },
-                    FnArg::Receiver(_) => None,
-                })
-                .collect();
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            match values::closest(&wanted, &refs) {
-                Some(c) => format!("`{wanted}` is not a parameter of `{fn_name}`; did you mean `{c}`?"),
-                None => format!(
-                    "`{wanted}` is not a parameter of `{fn_name}`: add the transaction parameter, like {example}, and run the handler's queries on it"
-                ),
-            }
-        };
-        errors.at(&lit, message);
-        return None;
-    };
-    if let Some(ScopeSource::Param { ident, .. }) = scope {
+    let (index, pi, pt, wanted) = find_param(w, sig, example, errors)?;
+    if let Some(ScopeSource::Param(ident, _)) = scope {
         if ident.unraw() == wanted {
-            errors.at(
-                &lit,
-                format!("`{wanted}` is already the `scope` parameter; the transaction needs a parameter of its own, like {example}"),
-            );
+            let message = format!("`{wanted}` is already the `scope` parameter; the transaction needs a parameter of its own, like {example}");
+            errors.at(&w.value, message);
             return None;
         }
     }
-    if pi.by_ref.is_some() {
-        errors.at(
-            &pt.pat,
-            "the `transaction` parameter must bind by value: remove `ref`",
-        );
-        return None;
-    }
     if let Type::Reference(r) = &*pt.ty {
-        errors.at(
-            r,
-            format!(
-                "the `transaction` parameter takes the transaction by value: write `{}: {}` and run queries on `&mut *{}`",
-                pi.ident,
-                compact(&r.elem.to_token_stream().to_string()),
-                pi.ident
-            ),
-        );
+        let (tx, ty) = (&pi.ident, compact(&r.elem.to_token_stream()));
+        errors.at(r, format!("the `transaction` parameter takes the transaction by value: write `{tx}: {ty}` and run queries on `&mut *{tx}`"));
         return None;
     }
     Some(index)
 }
 
-/// A type as written, without the spaces `to_string` puts around `<`, `>` and `::`.
-fn compact(tokens: &str) -> String {
-    tokens
-        .replace(" :: ", "::")
-        .replace(":: ", "::")
-        .replace(" < ", "<")
-        .replace(" <", "<")
-        .replace("< ", "<")
-        .replace(" >", ">")
-        .replace(" ,", ",")
+/// Tokens as written, without the spaces `to_string` puts between them.
+fn compact(tokens: &TokenStream) -> String {
+    tokens.to_string().replace(' ', "")
 }
 
-/// Whether `pat` binds `name` anywhere inside.
-fn binds(pat: &Pat, name: &str) -> bool {
-    match pat {
-        Pat::Ident(pi) => {
-            pi.ident.unraw() == name || pi.subpat.as_ref().is_some_and(|(_, p)| binds(p, name))
-        }
-        Pat::TupleStruct(p) => p.elems.iter().any(|p| binds(p, name)),
-        Pat::Tuple(p) => p.elems.iter().any(|p| binds(p, name)),
-        Pat::Struct(p) => p.fields.iter().any(|f| binds(&f.pat, name)),
-        Pat::Reference(p) => binds(&p.pat, name),
-        Pat::Paren(p) => binds(&p.pat, name),
-        Pat::Slice(p) => p.elems.iter().any(|p| binds(p, name)),
-        Pat::Type(p) => binds(&p.pat, name),
+/// Whether `pat` mentions `name` anywhere inside (binds it, or names a field so).
+fn binds(pat: &TokenStream, name: &str) -> bool {
+    pat.clone().into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident.unraw() == name,
+        TokenTree::Group(group) => binds(&group.stream(), name),
         _ => false,
-    }
-}
-
-/// The string literal of an option, or an error suggesting the quoted form.
-fn string<K: ToTokens>(
-    opt: &Opt<K>,
-    name: &str,
-    example: &str,
-    errors: &mut Errors,
-) -> Option<LitStr> {
-    let written = match &opt.value {
-        Expr::Lit(e) => match &e.lit {
-            Lit::Str(s) => return Some(s.clone()),
-            Lit::Int(i) => i.to_string(),
-            Lit::Float(f) => f.to_string(),
-            _ => example.to_string(),
-        },
-        Expr::Path(p) if p.path.get_ident().is_some() => p.path.to_token_stream().to_string(),
-        _ => example.to_string(),
-    };
-    errors.at(
-        &opt.value,
-        format!("`{name}` takes a string literal: write `{name} = \"{written}\"`"),
-    );
-    None
-}
-
-/// The bounds of one duration option.
-struct Range {
-    allow_zero: bool,
-    allow_ms: bool,
-    max_ms: Option<u64>,
-}
-
-impl Range {
-    const TTL: Range = Range {
-        allow_zero: false,
-        allow_ms: false,
-        max_ms: Some(MAX_TTL_MS),
-    };
-    const POSITIVE: Range = Range {
-        allow_zero: false,
-        allow_ms: false,
-        max_ms: None,
-    };
-    const POSITIVE_MS: Range = Range {
-        allow_zero: false,
-        allow_ms: true,
-        max_ms: None,
-    };
-    const ZERO_OK_MS: Range = Range {
-        allow_zero: true,
-        allow_ms: true,
-        max_ms: None,
-    };
-}
-
-fn duration<K: ToTokens>(
-    opt: Option<&Opt<K>>,
-    name: &str,
-    range: Range,
-    errors: &mut Errors,
-) -> Option<u64> {
-    let opt = opt?;
-    let lit = string(opt, name, "24h", errors)?;
-    let text = lit.value();
-    let units = if range.allow_ms {
-        "ms, s, m, h or d"
-    } else {
-        "s, m, h or d"
-    };
-    let ms = match values::parse_duration(&text, range.allow_ms) {
-        Ok(ms) => ms,
-        Err(bad) => {
-            let message = match bad {
-                BadDuration::Unrecognized => format!(
-                    "`{name}` expects a duration like \"24h\" (a whole number followed by {units}), found \"{text}\""
-                ),
-                BadDuration::DidYouMean(s) => format!(
-                    "`{name}` expects a duration like \"24h\" (a whole number followed by {units}); did you mean \"{s}\"?"
-                ),
-                BadDuration::Note(note) => format!("invalid `{name}` \"{text}\": {note}"),
-                BadDuration::TooLarge => format!("`{name}` \"{text}\" is too large"),
-            };
-            errors.at(&lit, message);
-            return None;
-        }
-    };
-    if ms == 0 && !range.allow_zero {
-        errors.at(
-            &lit,
-            format!(
-                "`{name}` must be greater than zero{}",
-                match name {
-                    "ttl" => ": a key forgotten at once protects nothing",
-                    "lease" => ": a claim must be held while the handler runs",
-                    _ => "",
-                }
-            ),
-        );
-        return None;
-    }
-    if let Some(max) = range.max_ms.filter(|max| ms > *max) {
-        errors.at(
-            &lit,
-            format!(
-                "`{name}` must be at most {} (one year), found {}: a longer value is almost certainly a unit mistake",
-                format_ms(max),
-                format_ms(ms)
-            ),
-        );
-        return None;
-    }
-    Some(ms)
-}
-
-fn date(opt: &Opt<kw::reject_after>, errors: &mut Errors) -> Option<i64> {
-    let lit = string(opt, "reject_after", "2027-03-01", errors)?;
-    let text = lit.value();
-    match values::parse_date(&text) {
-        Ok(ms) => Some(ms),
-        Err(bad) => {
-            let message = match bad {
-                BadDate::Unrecognized => format!(
-                    "`reject_after` expects a date written YYYY-MM-DD, like \"2027-03-01\", found \"{text}\""
-                ),
-                BadDate::DidYouMean(s) => format!(
-                    "`reject_after` expects a date written YYYY-MM-DD; did you mean \"{s}\"?"
-                ),
-                BadDate::Note(note) => format!("invalid `reject_after` date \"{text}\": {note}"),
-            };
-            errors.at(&lit, message);
-            None
-        }
-    }
-}
-
-fn size(opt: &Opt<kw::max_body>, errors: &mut Errors) -> Option<u64> {
-    let lit = string(opt, "max_body", "1MiB", errors)?;
-    let text = lit.value();
-    let message = match values::parse_size(&text) {
-        Ok(0) => "`max_body` must be greater than zero".to_string(),
-        Ok(n) if n > MAX_BODY => {
-            "`max_body` must be at most \"1GiB\": request bodies are buffered in memory".to_string()
-        }
-        Ok(n) => return Some(n),
-        Err(BadSize::Unrecognized) => format!(
-            "`max_body` expects a size like \"1MiB\" (a whole number followed by B, KiB, MiB or GiB), found \"{text}\""
-        ),
-        Err(BadSize::Note(note)) => format!("invalid `max_body` \"{text}\": {note}"),
-        Err(BadSize::TooLarge) => format!("`max_body` \"{text}\" is too large"),
-    };
-    errors.at(&lit, message);
-    None
-}
-
-fn policy_path(opt: &Opt<kw::policy>, errors: &mut Errors) -> Option<syn::Path> {
-    match &opt.value {
-        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => Some(p.path.clone()),
-        Expr::Lit(e) if matches!(e.lit, Lit::Str(_)) => {
-            let Lit::Str(s) = &e.lit else { return None };
-            errors.at(
-                s,
-                format!(
-                    "`policy` takes the path of a `const` policy, not a string: write `policy = {}`",
-                    s.value()
-                ),
-            );
-            None
-        }
-        other => {
-            errors.at(
-                other,
-                "`policy` takes the path of a `const` `Policy`: declare `const PAYMENTS: Policy = Policy::new().ttl(...);` once and write `policy = PAYMENTS`",
-            );
-            None
-        }
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use quote::quote;
 
-    fn errors(args: proc_macro2::TokenStream) -> Vec<String> {
+    fn build(args: proc_macro2::TokenStream) -> Result<super::Config, Vec<String>> {
         let item = quote!(
             async fn create(user: AuthUser, body: String) -> String {
                 body
             }
         );
-        match super::build(args, item) {
-            Ok(_) => Vec::new(),
-            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
+        super::build(args, item).map_err(|e| e.into_iter().map(|e| e.to_string()).collect())
+    }
+
+    fn errors(args: proc_macro2::TokenStream) -> Vec<String> {
+        build(args).err().unwrap_or_default()
+    }
+
+    fn rules(args: proc_macro2::TokenStream) -> Vec<String> {
+        match build(args) {
+            Ok(config) => config.rules.into_iter().map(|r| r.2).collect(),
+            Err(e) => panic!("{e:?}"),
         }
     }
 
     #[test]
-    fn a_ttl_below_the_default_derive_window_asks_for_a_window() {
-        let e = errors(quote!(scope = "user", ttl = "5s", missing_key = "derive"));
-        assert_eq!(
-            e,
-            ["`ttl` (5s) is shorter than the default `derive_window` (10s): add `derive_window = \"5s\"` or less"]
+    fn rules_on_values_the_attribute_leaves_to_the_policy_are_checked_on_the_policy() {
+        let r = rules(quote!(scope = "user", ttl = "5s", missing_key = "derive"));
+        assert_eq!(r, ["`ttl` (5s) is shorter than the default `derive_window`: add `derive_window = \"5s\"` or less"]);
+        let r = rules(quote!(scope = "user", policy = crate::P, retain = "1h"));
+        assert_eq!(r.len(), 1);
+        assert!(
+            r[0].starts_with("`retain` (1h) must be at least the `ttl` of `crate::P`"),
+            "{r:?}"
         );
-        assert!(errors(quote!(
+        let r = rules(quote!(scope = "user", ttl = "2h", retain = "1h"));
+        assert!(
+            r[0].starts_with("`retain` (1h) must be at least `ttl` (2h)"),
+            "{r:?}"
+        );
+        assert!(r[0].contains("use `retain = \"2h\"` or more"), "{r:?}");
+        let r = rules(quote!(scope = "user", reject_after = "2027-03-01"));
+        assert!(
+            r[0].starts_with("`reject_after` only applies with `missing_key = \"pass\"`"),
+            "{r:?}"
+        );
+        assert!(rules(quote!(
             scope = "user",
-            ttl = "5s",
-            missing_key = "derive",
-            derive_window = "5s"
+            missing_key = "pass",
+            reject_after = "2027-03-01"
         ))
         .is_empty());
     }
 
     #[test]
-    fn with_a_named_policy_unknown_values_are_left_to_checked() {
-        // The policy's ttl and missing_key are unknown here: `Policy::checked` judges them.
-        assert!(errors(quote!(scope = "user", policy = P, retain = "1h")).is_empty());
-        assert!(errors(quote!(scope = "user", policy = P, derive_window = "1m")).is_empty());
-        assert!(errors(quote!(
-            scope = "user",
-            policy = P,
-            reject_after = "2027-03-01"
-        ))
-        .is_empty());
-        // What the attribute states itself is still judged.
+    fn what_the_attribute_states_itself_is_judged_at_once() {
         let e = errors(quote!(
             scope = "user",
-            policy = P,
-            ttl = "2h",
-            retain = "1h"
-        ));
-        assert_eq!(e.len(), 1);
-        assert!(
-            e[0].starts_with("`retain` (1h) must be at least `ttl` (2h)"),
-            "{e:?}"
-        );
-        let e = errors(quote!(
-            scope = "user",
-            policy = P,
             missing_key = "derive",
             reject_after = "2027-03-01"
         ));
+        assert_eq!(e, ["`reject_after` only applies with `missing_key = \"pass\"` (pass requests without a key until the date, reject them from it): add `missing_key = \"pass\"`, or remove `reject_after`"]);
+        let e = errors(quote!(
+            scope = "user",
+            missing_key = "pass",
+            derive_window = "5s"
+        ));
         assert!(
-            e[0].contains("but `missing_key` is \"derive\" here"),
+            e[0].starts_with("`derive_window` only applies with `missing_key = \"derive\"`"),
+            "{e:?}"
+        );
+        let e = errors(quote!(scope = "global", missing_key = "derive"));
+        assert!(
+            e[0].contains("cannot be used with `scope = \"global\"`"),
             "{e:?}"
         );
     }
@@ -789,11 +534,33 @@ mod tests {
     }
 
     #[test]
-    fn max_body_bounds() {
-        assert!(errors(quote!(scope = "user", max_body = "1GiB")).is_empty());
+    fn values_are_typed_and_bounded() {
+        assert!(errors(quote!(
+            scope = "user",
+            max_body = "1GiB",
+            server_errors = "store"
+        ))
+        .is_empty());
         let e = errors(quote!(scope = "user", max_body = "2GiB"));
         assert!(e[0].contains("at most \"1GiB\""), "{e:?}");
         let e = errors(quote!(scope = "user", max_body = "0B"));
         assert!(e[0].contains("greater than zero"), "{e:?}");
+        let e = errors(quote!(scope = "user", server_errors = "retry"));
+        assert_eq!(e, ["`server_errors` must be \"release\" (not stored: a retry runs the handler again) or \"store\" (stored and replayed like any other status); did you mean \"release\"?"]);
+        let e = errors(quote!(
+            scope = "user",
+            wait = "0s",
+            lease = "0s",
+            retain = "367d"
+        ));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("`retain` must be at most 366d (one year), found 367d"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("`lease` must be greater than zero: a claim"),
+            "{e:?}"
+        );
     }
 }

@@ -13,17 +13,18 @@
 //!
 //! ```text
 //! pub async fn create(
-//!     __idem_engine: ::idem_runtime::__private::EngineState,
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithJson(Json(req), __idem_request):
-//!         ::idem_runtime::__private::WithJson<Json<New>, { ::idem_runtime::__private::Policy::new().max_request_body }>,
+//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request, __idem_engine):
+//!         ::idem_runtime::__private::WithBody<Json<New>, { ::idem_runtime::__private::Policy::new().max_request_body }>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
 //!         .ttl(::idem_runtime::__private::Duration::from_millis(3600000))
 //!         .handler("create")
 //!         .checked();
-//!     ::idem_runtime::__private::json_body::<Json<New>>();
+//!     use ::idem_runtime::__private::{ReadsTheHead as _, ReadsTheBody as _, Unknown as _};
+//!     (&&::idem_runtime::__private::Param::<State<App>>::new()).check();
+//!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
 //!     let __idem_scope: ::std::borrow::Cow<'static, str> =
 //!         ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move {
@@ -35,18 +36,26 @@
 //! ```
 //!
 //! With `transaction = "tx"` (a parameter `mut tx: Tx<Postgres>`), that parameter leaves the
-//! extractor list, the engine parameter becomes
-//! `__idem_engine: ::idem_runtime::__private::TxState<Tx<Postgres>>` (the `Transactional` engine
-//! from the state; `TxState<T>` requires `T: TxHandle`, so a wrong type is reported at the
-//! parameter's type), and the call becomes
+//! extractor list, the engine becomes `WithBody`'s third type argument
+//! `::idem_runtime::__private::TxState<Tx<Postgres>>` (the `Transactional` engine from the state;
+//! `TxState<T>` requires `T: TxHandle`, so a wrong type is reported at the parameter's type), and
+//! the call becomes
 //! `::idem_runtime::__private::run_transactional(__idem_engine, &__IDEM_POLICY, __idem_scope,
 //! __idem_request, move |mut tx: Tx<Postgres>| async move { ... })`: the runtime claims the key in
 //! a transaction and only then calls the closure with it.
 //!
 //! Why each piece looks the way it does:
-//! - A last parameter written `Json<T>` is wrapped in `WithJson`, which deserializes `T` in the
-//!   same parse that fingerprints the body; any other last parameter in `WithBody`, which buffers
-//!   the body and hands the bytes to the parameter's own extractor (a second parse, for JSON).
+//! - The last parameter is wrapped in `WithBody`, which takes the engine from the router state,
+//!   buffers the body, fingerprints it and hands the bytes to the parameter's own extractor. The
+//!   engine travels there rather than as a parameter of its own: the handler's type, which the
+//!   compiler prints when a router refuses the handler, then lists the user's parameters only
+//!   (the engine's type is `WithBody`'s default type argument, which is not printed).
+//! - Each parameter before the last is probed (`Param::<T>::check`, spanned at its type): one that
+//!   reads the body is reported there, instead of only as "not a `Handler`" at the router.
+//! - The policy calls a builder method for each option written, nothing else: what is not written
+//!   is the runtime's default (or the named policy's). A rule between options that involves such
+//!   a value is a `match` on `Policy::validate()` whose arm panics at the option written, so the
+//!   const evaluation reports it there.
 //! - The scope id is copied out (`into_owned`) because the body is an `async move` block that may
 //!   move the scope parameter itself; a borrow could not live alongside it.
 //! - `scope_id(&user)` carries the span of the parameter's *type*, so a type without `Scope` is
@@ -58,240 +67,210 @@
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
-use crate::config::{Config, ScopeSource};
-use crate::values::{MissingKey, Replay};
+use crate::config::{Broken, Config, Rule, ScopeSource, Value};
+use crate::options::Opt;
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote_spanned, ToTokens};
 use syn::ext::IdentExt;
+use syn::parse_quote_spanned;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{FnArg, GenericArgument, Ident, ItemFn, PathArguments, ReturnType, Type, TypePath};
+use syn::{FnArg, Ident, ItemFn, PatType, ReturnType, Type};
 
 pub(crate) fn expand(config: Config) -> TokenStream {
-    let Config {
-        handler,
-        scope,
-        base,
-        ttl_ms,
-        retain_ms,
-        lease_ms,
-        wait_ms,
-        missing_key,
-        derive_window_ms,
-        reject_after_ms,
-        replay,
-        max_body,
-        transaction,
-    } = config;
+    let def = Span::mixed_site();
+    let p = quote_spanned!(def=> ::idem_runtime::__private);
+    let names = [
+        "__idem_engine",
+        "__idem_request",
+        "__idem_scope",
+        "__IDEM_POLICY",
+    ];
+    let [engine, request, scope_var, policy_const] = names.map(|n| Ident::new(n, def));
     let ItemFn {
         attrs,
         vis,
-        sig,
+        mut sig,
         block,
-    } = handler;
-
-    let def = Span::mixed_site();
-    let p = quote_spanned!(def=> ::idem_runtime::__private);
-    let engine = Ident::new("__idem_engine", def);
-    let request = Ident::new("__idem_request", def);
-    let scope_var = Ident::new("__idem_scope", def);
-    let ret = Ident::new("__idem_ret", def);
-    let policy_const = Ident::new("__IDEM_POLICY", def);
-
-    // The policy: the base, each explicit option in an order where `ttl` (which raises `retain`)
-    // comes before an explicit `retain`, the handler name, then the compile-time check.
-    let (base_expr, check_span) = match &base {
-        Some(path) => (path.to_token_stream(), path.span()),
-        None => (quote_spanned!(def=> #p::Policy::new()), def),
+    } = config.handler;
+    let base = match config.base {
+        Some(path) => path.into_token_stream(),
+        None => quote_spanned!(def=> #p::Policy::new()),
     };
-    let mut policy = base_expr.clone();
-    let duration = |ms: u64| quote_spanned!(def=> #p::Duration::from_millis(#ms));
-    for (method, ms) in [
-        ("ttl", ttl_ms),
-        ("retain", retain_ms),
-        ("lease", lease_ms),
-        ("wait", wait_ms),
-    ] {
-        if let Some(ms) = ms {
-            let method = Ident::new(method, def);
-            let value = duration(ms);
-            policy.extend(quote_spanned!(def=> .#method(#value)));
-        }
-    }
-    if let Some(mk) = missing_key {
-        let variant = match mk {
-            MissingKey::Reject => quote_spanned!(def=> Reject),
-            MissingKey::Pass => quote_spanned!(def=> Pass),
-            MissingKey::Derive => quote_spanned!(def=> Derive),
-        };
-        policy.extend(quote_spanned!(def=> .missing_key(#p::MissingKey::#variant)));
-    }
-    if let Some(ms) = derive_window_ms {
-        let value = duration(ms);
-        policy.extend(quote_spanned!(def=> .derive_window(#value)));
-    }
-    if let Some(at) = reject_after_ms {
-        policy.extend(quote_spanned!(def=> .reject_after_ms(#at)));
-    }
-    if let Some(mode) = replay {
-        let variant = match mode {
-            Replay::Full => quote_spanned!(def=> Full),
-            Replay::Minimal => quote_spanned!(def=> Minimal),
-        };
-        policy.extend(quote_spanned!(def=> .replay(#p::ReplayMode::#variant)));
-    }
-    let limit = match max_body {
-        Some(bytes) => {
-            let bytes = bytes as usize;
-            policy.extend(quote_spanned!(def=> .max_request_body(#bytes)));
-            quote_spanned!(def=> #bytes)
-        }
-        None => quote_spanned!(def=> { #base_expr.max_request_body }),
-    };
+    let global = matches!(config.scope, ScopeSource::Global);
     let name = sig.ident.unraw().to_string();
-    policy.extend(quote_spanned!(def=> .handler(#name)));
-    policy.extend(match &scope {
-        // Keys shared by every caller must not be derived from bodies that callers share.
-        ScopeSource::Global => quote_spanned!(check_span=> .checked_for_global_scope()),
-        ScopeSource::Param { .. } => quote_spanned!(check_span=> .checked()),
-    });
+    let policy = policy(&p, &base, &name, global, &config.values, &config.rules);
+    let limit = match config.values.iter().find(|(opt, _)| *opt == Opt::MaxBody) {
+        Some((_, Value::Size(bytes))) => quote_spanned!(def=> #bytes),
+        _ => quote_spanned!(def=> { #base.max_request_body }),
+    };
 
-    // Parameters: the engine first, the last one wrapped so the body is buffered and captured.
-    let mut inputs: Vec<FnArg> = sig.inputs.iter().cloned().collect();
-    // `transaction = "tx"`: that parameter is no extractor; the runtime hands it to the body.
-    let tx_param = transaction.and_then(|index| match inputs.remove(index) {
-        FnArg::Typed(pt) => Some(pt),
+    // The parameters (`config.rs` rejected receivers): `transaction = "tx"` is no extractor (the
+    // runtime hands it to the body); the last one is wrapped so the body is buffered and
+    // fingerprinted, or the unit extractor if there is none.
+    let typed = |arg: &FnArg| match arg {
+        FnArg::Typed(pt) => Some(pt.clone()),
         FnArg::Receiver(_) => None,
-    });
-    let mut checks = TokenStream::new();
-    let wrapped = match inputs.pop() {
-        // `Json<T>`: deserialized in the parse that fingerprints the body. `WithJson` takes axum's
-        // `Json` only; the check is spanned at the parameter's type, so another `Json` is
-        // reported there.
-        Some(FnArg::Typed(pt)) if is_json(&pt.ty) => {
-            let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
-            checks
-                .extend(quote_spanned!(ty.span()=> ::idem_runtime::__private::json_body::<#ty>();));
-            quote_spanned!(def=> #(#attrs)* #p::WithJson(#pat, #request): #p::WithJson<#ty, #limit>)
-        }
-        Some(FnArg::Typed(pt)) => {
-            let (attrs, pat, ty) = (&pt.attrs, &pt.pat, &pt.ty);
-            quote_spanned!(def=> #(#attrs)* #p::WithBody(#pat, #request): #p::WithBody<#ty, #limit>)
-        }
-        // A receiver was rejected in `config.rs`; with no parameter, wrap the unit extractor.
-        _ => quote_spanned!(def=> #p::WithBody((), #request): #p::WithBody<(), #limit>),
     };
-
-    let scope_let = match scope {
-        ScopeSource::Global => quote_spanned!(def=>
-            let #scope_var: ::std::borrow::Cow<'static, str> = ::std::borrow::Cow::Borrowed(#p::GLOBAL_SCOPE);
+    let mut inputs: Vec<PatType> = sig.inputs.iter().filter_map(typed).collect();
+    let tx = config.transaction.map(|index| inputs.remove(index));
+    let last = inputs.pop();
+    let attrs_last = last.iter().flat_map(|pt| &pt.attrs);
+    let (pat, ty) = match &last {
+        Some(pt) => (pt.pat.to_token_stream(), pt.ty.to_token_stream()),
+        None => (quote_spanned!(def=> ()), quote_spanned!(def=> ())),
+    };
+    let wrapper = match &tx {
+        None => quote_spanned!(def=> #p::WithBody<#ty, #limit>),
+        // Spanned at the transaction parameter's type, as a whole: a type which is no idem
+        // transaction type (`TxState<T>` requires `T: TxHandle`) is reported there, with
+        // `TxHandle`'s message, not at the attribute.
+        Some(PatType { ty: tx, .. }) => quote_spanned!(tx.span()=>
+            ::idem_runtime::__private::WithBody<#ty, #limit, ::idem_runtime::__private::TxState<#tx>>
         ),
-        ScopeSource::Param { ident, ty_span } => {
-            let mut arg = ident;
-            arg.set_span(ty_span.resolved_at(arg.span()));
-            let call = quote_spanned!(ty_span=> ::idem_runtime::__private::scope_id(&#arg));
-            quote_spanned!(def=>
-                let #scope_var: ::std::borrow::Cow<'static, str> = ::std::borrow::Cow::Owned(#call.into_owned());
-            )
+    };
+    let probes = probes(&p, &inputs);
+    let scope_id = match config.scope {
+        ScopeSource::Global => quote_spanned!(def=> ::std::borrow::Cow::Borrowed(#p::GLOBAL_SCOPE)),
+        ScopeSource::Param(mut ident, ty_span) => {
+            ident.set_span(ty_span.resolved_at(ident.span()));
+            let call = quote_spanned!(ty_span=> ::idem_runtime::__private::scope_id(&#ident));
+            quote_spanned!(def=> ::std::borrow::Cow::Owned(#call.into_owned()))
         }
     };
-
-    // The body's value gets the declared return type, so `?` and `.into()` infer as before. An
-    // `impl Trait` cannot be written in a `let`: there it becomes `_`, and the value goes through
-    // a local fn declared with the original type, which keeps the bound checked (and the user's
-    // `use ...::IntoResponse` used).
-    let returns = Ident::new("__idem_returns", def);
-    let (ret_ty, finish) = match &sig.output {
-        ReturnType::Default => (quote_spanned!(def=> ()), ret.to_token_stream()),
-        ReturnType::Type(_, ty) => {
-            let mut inferred = (**ty).clone();
-            let mut visitor = ImplToInfer(false);
-            visitor.visit_type_mut(&mut inferred);
-            if visitor.0 {
-                let finish = quote_spanned!(def=> {
-                    fn #returns(#ret: #ty) -> #ty {
-                        #ret
-                    }
-                    #returns(#ret)
-                });
-                (inferred.into_token_stream(), finish)
-            } else {
-                (inferred.into_token_stream(), ret.to_token_stream())
-            }
+    let body = body(&sig.output, &block);
+    let args = quote_spanned!(def=> #engine, &#policy_const, #scope_var, #request);
+    let run = match &tx {
+        None => quote_spanned!(def=> #p::run(#args, async move #body)),
+        Some(PatType { pat, ty, .. }) => {
+            let run = quote_spanned!(ty.span()=> ::idem_runtime::__private::run_transactional);
+            quote_spanned!(def=> #run(#args, move |#pat: #ty| async move #body))
         }
     };
-    // Re-braced with a generated span: the user's statements keep theirs, and lints about the
-    // block (unused braces) see generated code.
-    let body = Group::new(
-        Delimiter::Brace,
-        block.stmts.iter().map(ToTokens::to_token_stream).collect(),
+    sig.inputs = parse_quote_spanned!(def=>
+        #(#inputs,)* #(#attrs_last)* #p::WithBody(#pat, #request, #engine): #wrapper,
     );
-    let mut body = body;
-    body.set_span(def);
-
-    let syn::Signature {
-        constness,
-        asyncness,
-        unsafety,
-        abi,
-        fn_token,
-        ident,
-        ..
-    } = &sig;
-    let (engine_ty, run) = match &tx_param {
-        None => (
-            quote_spanned!(def=> #p::EngineState),
-            quote_spanned!(def=> #p::run(#engine, &#policy_const, #scope_var, #request, async move {
-                let #ret: #ret_ty = #body;
-                #finish
-            })),
-        ),
-        Some(pt) => {
-            let (pat, ty) = (&pt.pat, &pt.ty);
-            // Spanned at the parameter's type, so that a type which is no idem transaction type
-            // is reported there (with `TxHandle`'s message), not at the attribute.
-            let ty_span = ty.span();
-            let state = quote_spanned!(ty_span=> ::idem_runtime::__private::TxState<#ty>);
-            let run = quote_spanned!(ty_span=> ::idem_runtime::__private::run_transactional);
-            (
-                state,
-                quote_spanned!(def=> #run(#engine, &#policy_const, #scope_var, #request, move |#pat: #ty| async move {
-                    let #ret: #ret_ty = #body;
-                    #finish
-                })),
-            )
-        }
-    };
+    sig.output = parse_quote_spanned!(def=> -> #p::Response);
     quote_spanned! {def=>
         #(#attrs)*
-        #vis #constness #asyncness #unsafety #abi #fn_token #ident(
-            #engine: #engine_ty,
-            #(#inputs,)*
-            #wrapped,
-        ) -> #p::Response {
+        #vis #sig {
             const #policy_const: #p::Policy = #policy;
-            #checks
-            #scope_let
+            #probes
+            let #scope_var: ::std::borrow::Cow<'static, str> = #scope_id;
             #run.await
         }
     }
 }
 
-/// Whether a parameter's type is written `Json<T>`, under any path (`Json`, `axum::Json`,
-/// `axum::extract::Json`). The macro sees tokens, not types: any other type named `Json` matches
-/// too, and the expansion then fails to compile at that type, saying how to opt out.
-fn is_json(ty: &Type) -> bool {
-    match ty {
-        Type::Paren(inner) => is_json(&inner.elem),
-        Type::Group(inner) => is_json(&inner.elem),
-        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|last| {
-            last.ident == "Json"
-                && matches!(&last.arguments, PathArguments::AngleBracketed(generics)
-                    if generics.args.len() == 1
-                        && matches!(generics.args.first(), Some(GenericArgument::Type(_))))
-        }),
-        _ => false,
+/// The policy constant's expression: the base, a builder call for each option written (in
+/// [`Opt::ALL`]'s order: `ttl`, which raises `retain`, before an explicit `retain`), the handler
+/// name, the rules, and the compile-time check, spanned at a named policy if there is one.
+fn policy(
+    p: &TokenStream,
+    base: &TokenStream,
+    name: &str,
+    global: bool,
+    values: &[(Opt, Value)],
+    rules: &[Rule],
+) -> TokenStream {
+    let def = Span::mixed_site();
+    let mut chain = base.clone();
+    for (opt, value) in values {
+        let method = match opt {
+            Opt::MaxBody => "max_request_body",
+            Opt::RejectAfter => "reject_after_ms",
+            other => other.name(),
+        };
+        let method = Ident::new(method, def);
+        let arg = match value {
+            Value::Duration(d) => {
+                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                quote_spanned!(def=> #p::Duration::from_millis(#ms))
+            }
+            Value::Choice(ty, choice) => {
+                let (ty, variant) = (Ident::new(ty, def), Ident::new(choice.variant, def));
+                quote_spanned!(def=> #p::#ty::#variant)
+            }
+            Value::Date(ms) => ms.to_token_stream(),
+            Value::Size(bytes) => bytes.to_token_stream(),
+        };
+        chain.extend(quote_spanned!(def=> .#method(#arg)));
     }
+    chain.extend(quote_spanned!(def=> .handler(#name)));
+    // Keys shared by every caller must not be derived from bodies that callers share.
+    let check_span = base.clone().into_iter().next().map_or(def, |t| t.span());
+    let checked = match global {
+        true => quote_spanned!(check_span=> .checked_for_global_scope()),
+        false => quote_spanned!(check_span=> .checked()),
+    };
+    if rules.is_empty() {
+        return quote_spanned!(def=> #chain #checked);
+    }
+    let policy = Ident::new("__idem_policy", def);
+    let arms = rules.iter().map(|Rule(broken, at, message)| {
+        let panic = quote_spanned!(*at=> ::core::panic!("{}", #message));
+        match broken {
+            Broken::Policy(error) => {
+                let error = Ident::new(error, def);
+                quote_spanned!(def=> ::core::result::Result::Err(#p::PolicyError::#error) => #panic,)
+            }
+            Broken::MissingKeyIsNot(variant) => {
+                let variant = Ident::new(variant, def);
+                quote_spanned!(def=> _ if !::core::matches!(#policy.missing_key, #p::MissingKey::#variant) => #panic,)
+            }
+        }
+    });
+    quote_spanned!(def=> {
+        let #policy = #chain;
+        match #policy.validate() {
+            #(#arms)*
+            _ => #policy #checked,
+        }
+    })
+}
+
+/// The probe of each parameter before the last (see `idem_runtime::__private::Param`), at its type.
+fn probes(p: &TokenStream, inputs: &[PatType]) -> TokenStream {
+    let def = Span::mixed_site();
+    let probes = inputs
+        .iter()
+        .map(|PatType { ty, .. }| quote_spanned!(ty.span()=> (&&#p::Param::<#ty>::new()).check();));
+    quote_spanned!(def=>
+        #[allow(unused_imports)]
+        use #p::{ReadsTheHead as _, ReadsTheBody as _, Unknown as _};
+        #(#probes)*
+    )
+}
+
+/// The original body as a block whose value has the declared return type, so `?` and `.into()`
+/// infer as before. An `impl Trait` cannot be written in a `let`: there it becomes `_`, and the
+/// value goes through a local fn declared with the original type, which keeps the bound checked
+/// (and the user's `use ...::IntoResponse` used).
+fn body(output: &ReturnType, block: &syn::Block) -> TokenStream {
+    let def = Span::mixed_site();
+    let [ret, returns] = ["__idem_ret", "__idem_returns"].map(|n| Ident::new(n, def));
+    let written: Type = match output {
+        ReturnType::Default => parse_quote_spanned!(def=> ()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
+    };
+    let mut inferred = written.clone();
+    let mut visitor = ImplToInfer(false);
+    visitor.visit_type_mut(&mut inferred);
+    let finish = match visitor.0 {
+        true => {
+            quote_spanned!(def=> { fn #returns(#ret: #written) -> #written { #ret } #returns(#ret) })
+        }
+        false => ret.to_token_stream(),
+    };
+    // Re-braced with a generated span: the user's statements keep theirs, and lints about the
+    // block (unused braces) see generated code.
+    let stmts = block.stmts.iter().map(ToTokens::to_token_stream).collect();
+    let mut stmts = Group::new(Delimiter::Brace, stmts);
+    stmts.set_span(def);
+    quote_spanned!(def=> {
+        let #ret: #inferred = #stmts;
+        #finish
+    })
 }
 
 /// `impl Trait` → `_`, wherever it appears in the return type; records whether it found one.
@@ -327,17 +306,16 @@ mod tests {
     use quote::quote;
 
     fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
-        let config = match crate::config::build(args, item) {
-            Ok(config) => config,
+        match crate::config::build(args, item) {
+            Ok(config) => super::expand(config).to_string(),
             Err(e) => panic!("{e}"),
-        };
-        super::expand(config).to_string()
+        }
     }
 
     #[test]
-    fn the_last_parameter_is_wrapped_and_the_engine_comes_first() {
+    fn the_last_parameter_is_wrapped_and_the_others_probed() {
         let out = expand(
-            quote!(scope = "user", ttl = "1h"),
+            quote!(scope = "user", ttl = "1h", server_errors = "store"),
             quote!(
                 async fn create(
                     State(app): State<App>,
@@ -349,47 +327,42 @@ mod tests {
             ),
         );
         assert!(out.contains(
-            "async fn create (__idem_engine : :: idem_runtime :: __private :: EngineState , State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithJson (Json (req) , __idem_request) : :: idem_runtime :: __private :: WithJson < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
-        ));
+            "async fn create (State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (Json (req) , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
+        ), "{out}");
         assert!(out.contains(
-            ". ttl (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64))"
-        ));
-        assert!(out.contains(". handler (\"create\") . checked ()"));
+            "= :: idem_runtime :: __private :: Policy :: new () . ttl (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64)) . server_errors (:: idem_runtime :: __private :: ServerErrors :: Store) . handler (\"create\") . checked () ;"
+        ), "{out}");
+        assert!(out.contains("(&& :: idem_runtime :: __private :: Param :: < State < App > > :: new ()) . check () ;"), "{out}");
+        assert!(
+            out.contains(
+                "(&& :: idem_runtime :: __private :: Param :: < AuthUser > :: new ()) . check () ;"
+            ),
+            "{out}"
+        );
+        assert!(
+            !out.contains("Param :: < Json"),
+            "the last parameter is not probed: {out}"
+        );
         assert!(out.contains(":: idem_runtime :: __private :: scope_id (& user) . into_owned ()"));
         assert!(out.contains("let __idem_ret : Json < Out > ="));
     }
 
     #[test]
-    fn a_json_parameter_is_parsed_once_under_any_path_and_nothing_else_is() {
-        for (ty, wrapper) in [
-            (quote!(Json<New>), "WithJson < Json < New >"),
-            (quote!(axum::Json<New>), "WithJson < axum :: Json < New >"),
-            (
-                quote!(::axum::extract::Json<Vec<u8>>),
-                "WithJson < :: axum :: extract :: Json < Vec < u8 > >",
+    fn only_the_options_written_are_set() {
+        let out = expand(
+            quote!(scope = "global"),
+            quote!(
+                async fn ping(body: String) {}
             ),
-            (quote!((Json<New>)), "WithJson < (Json < New >)"),
-            (quote!(Form<New>), "WithBody < Form < New >"),
-            (
-                quote!(Valid<Json<New>>),
-                "WithBody < Valid < Json < New > >",
-            ),
-            (quote!(Json), "WithBody < Json ,"),
-            (quote!(Json<'static>), "WithBody < Json < 'static >"),
-            (
-                quote!(<X as Trait>::Json<New>),
-                "WithBody < < X as Trait > :: Json < New >",
-            ),
-            (quote!(JsonBody<New>), "WithBody < JsonBody < New >"),
-        ] {
-            let out = expand(
-                quote!(scope = "global"),
-                quote!(
-                    async fn create(body: #ty) {}
-                ),
-            );
-            assert!(out.contains(wrapper), "{ty}: {out}");
-        }
+        );
+        assert!(out.contains(
+            ": :: idem_runtime :: __private :: Policy = :: idem_runtime :: __private :: Policy :: new () . handler (\"ping\") . checked_for_global_scope () ;"
+        ), "{out}");
+        assert!(!out.contains("check ()"), "nothing to probe: {out}");
+        assert!(
+            out.contains("use :: idem_runtime :: __private :: { ReadsTheHead as _"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -400,9 +373,23 @@ mod tests {
                 async fn ping() {}
             ),
         );
-        assert!(out.contains("WithBody (() , __idem_request) : :: idem_runtime :: __private :: WithBody < () , 2048usize >"));
+        assert!(out.contains("WithBody (() , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < () , 2048usize >"));
         assert!(out.contains("GLOBAL_SCOPE"));
         assert!(out.contains(". max_request_body (2048usize)"));
+    }
+
+    #[test]
+    fn rules_on_values_left_to_the_policy_are_checked_on_the_policy() {
+        let out = expand(
+            quote!(scope = "user", retain = "1h", reject_after = "2027-03-01"),
+            quote!(
+                async fn refund(user: AuthUser) {}
+            ),
+        );
+        assert!(out.contains(". retain (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64)) . reject_after_ms (1803859200000i64) . handler (\"refund\") ;"), "{out}");
+        assert!(out.contains("match __idem_policy . validate () { :: core :: result :: Result :: Err (:: idem_runtime :: __private :: PolicyError :: RetainShorterThanTtl) => :: core :: panic ! (\"{}\" , \"`retain` (1h) must be at least the default `ttl`"), "{out}");
+        assert!(out.contains("_ if ! :: core :: matches ! (__idem_policy . missing_key , :: idem_runtime :: __private :: MissingKey :: Pass) => :: core :: panic !"), "{out}");
+        assert!(out.contains("_ => __idem_policy . checked () , }"), "{out}");
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it as
 //! `idem_runtime::idempotent`; this crate has no other API.
 //!
-//! Internals: `attr.rs` parses the arguments, `config.rs` validates them against the handler,
-//! `values.rs` reads durations, dates and sizes, `expand.rs` rewrites the handler.
+//! Internals: `options.rs` lists the options, `attr.rs` parses the arguments, `config.rs`
+//! validates them against the handler, `values.rs` reads durations, dates, sizes and enum values,
+//! `expand.rs` rewrites the handler.
 
+#[macro_use]
+mod options;
 mod attr;
 mod config;
 mod expand;
@@ -67,22 +70,10 @@ use proc_macro::TokenStream;
 /// # Options
 ///
 /// Every option is checked at compile time; a mistake is an error on the literal you wrote, with
-/// the accepted forms and, for a near miss, the probable meaning (`"24 hours"` → `"24h"`).
+/// the accepted forms and, for a near miss, the probable meaning (`"24 hours"` → `"24h"`). The
+/// defaults are [`Policy::new`]'s: an option left out is not set by the attribute.
 ///
-/// | option | values | default |
-/// |---|---|---|
-/// | `scope` | a parameter name, or `"global"` | **required** |
-/// | `ttl` | duration, > 0, ≤ `"366d"` | `"24h"` |
-/// | `retain` | duration, ≥ `ttl`, ≤ `"366d"` | `"7d"` (or `ttl` if longer) |
-/// | `lease` | duration (`ms` allowed), > 0 | `"30s"` |
-/// | `wait` | duration (`ms` allowed), may be `"0s"` | `"10s"` |
-/// | `missing_key` | `"reject"`, `"pass"`, `"derive"` | `"reject"` |
-/// | `derive_window` | duration, > 0, ≤ `ttl`; only with `missing_key = "derive"` | `"10s"` |
-/// | `reject_after` | date `"YYYY-MM-DD"`; only with `missing_key = "pass"` | none |
-/// | `replay` | `"full"`, `"minimal"` | `"full"` |
-/// | `max_body` | size: `"<n>B"`, `"KiB"`, `"MiB"`, `"GiB"`, > 0, ≤ `"1GiB"` | `"1MiB"` |
-/// | `policy` | path of a `const` [`Policy`] | `Policy::new()` |
-/// | `transaction` | a parameter name, of type `idem_runtime::Tx<Postgres>` or `Tx<Sqlite>` | none |
+#[doc = options_table!()]
 ///
 /// **Durations** are one whole number and one unit, no spaces: `s`, `m`, `h`, `d` (`"90s"`,
 /// `"15m"`, `"24h"`, `"7d"`). `lease` and `wait` also take `ms` (`"250ms"`), as sub-second values
@@ -159,6 +150,16 @@ use proc_macro::TokenStream;
 /// - `"minimal"`: only the status, `Location` and the resource id; keeps the store small and sends
 ///   clients to the current state behind `Location`.
 ///
+/// ## `server_errors`
+///
+/// What a 5xx response from the handler does to the key:
+///
+/// - `"release"` (default): the response is not stored and the key is released, so a retry runs
+///   the handler again. Right when a 5xx means the effect did not happen.
+/// - `"store"`: the response is stored and replayed like any other status. Right when a 5xx may
+///   come after the effect happened (a timeout from a payment provider after the charge went
+///   through), where running the handler again could repeat it.
+///
 /// ## `max_body`
 ///
 /// The largest request body accepted (413 beyond). The body is buffered once to fingerprint it
@@ -213,9 +214,14 @@ use proc_macro::TokenStream;
 /// The named policy is still checked at compile time: each handler's policy is a `const` ending in
 /// [`Policy::checked`], so a contradiction (say `retain` shorter than `ttl`, or a `derive_window`
 /// longer than `ttl`) stops the build with an "evaluation panicked: idem policy: …" error
-/// pointing at `policy = PAYMENTS`. The attribute checks what it can see itself (contradictions
-/// among the options it was given) with more precise messages; the rest falls to `checked()`.
-/// Without `policy`, unset options take [`Policy::new`]'s defaults.
+/// pointing at `policy = PAYMENTS`. Without `policy`, unset options take [`Policy::new`]'s
+/// defaults.
+///
+/// A rule between two options is checked on the handler's final policy, written options and
+/// defaults (or the named policy's values) together, when that `const` is evaluated: a `retain`
+/// shorter than the policy's `ttl`, a `derive_window` longer than it, a `reject_after` where
+/// `missing_key` is not `"pass"`. The error ("evaluation panicked: …") points at the option you
+/// wrote and says what to change.
 ///
 /// ## `transaction = "<parameter>"`: exactly once, in the application's transaction
 ///
@@ -233,8 +239,8 @@ use proc_macro::TokenStream;
 ///
 /// The router state must provide the store's `idem_runtime::Transactional` engine (`FromRef`),
 /// which the application's tables share with idem's records (same database). A state without it
-/// does not compile: the route reports that the handler, whose first parameter is then
-/// `TxState<Tx<...>>`, is not a `Handler` for that state. A `Tx` parameter without the
+/// does not compile: the route reports that the handler, whose last parameter is then
+/// `WithBody<_, _, TxState<Tx<...>>>`, is not a `Handler` for that state. A `Tx` parameter without the
 /// `transaction` option does not compile either (`Tx` is no extractor), and a parameter of
 /// another type is reported at its type: "`...` is not an idem transaction type".
 ///
@@ -271,31 +277,34 @@ use proc_macro::TokenStream;
 ///
 /// # What the handler becomes
 ///
-/// The attribute adds a first parameter that takes the [`Engine`] from the router state (so the
-/// state must provide one: `impl FromRef<AppState> for Engine`, or `#[derive(FromRef)]` on the
-/// state), wraps the last parameter so the body is buffered and fingerprinted, and runs the
-/// original body inside the engine. The response type becomes `axum::response::Response`.
+/// The attribute wraps the last parameter in `idem_runtime::__private::WithBody<T, LIMIT>`, which
+/// takes the [`Engine`] from the router state (so the state must provide one), buffers and
+/// fingerprints the body, then extracts `T` from it; and it runs the original body inside the
+/// engine. The response type becomes `axum::response::Response`. With `transaction`, the
+/// transaction parameter leaves the extractors and `WithBody` takes the store's `Transactional`
+/// engine instead.
 ///
-/// A last parameter written `Json<T>` (under any path: `Json`, `axum::Json`, `axum::extract::Json`)
-/// is deserialized in the parse that fingerprints the body, instead of parsing the body a second
-/// time; its rejections (415, 400, 422) are still axum's own. The attribute reads tokens, not types,
-/// so any other type named `Json` (your own or another crate's) is taken for axum's and reported at
-/// that type; name it through an alias (`type Body<T> = other::Json<T>;`) to extract it as any
-/// other parameter.
+/// Mistakes are reported at the code that makes them:
 ///
-/// A router whose state has no `Engine` fails to compile, never on the first request. As the only
-/// state type the compiler can see providing an `Engine` is `Engine` itself, the error names it:
-/// "expected `Engine`, found `AppState`" at `.with_state(...)`, or "expected
-/// `MethodRouter<AppState>`, found `MethodRouter<Engine>`" at `.route(...)` when the router's
-/// type is written out. The fix is `impl FromRef<AppState> for Engine`.
+/// - A parameter before the last one that reads the request body (`String`, `Bytes`, `Json<T>`,
+///   `Form<T>`, ...) is an error at its type: axum gives the body to the last parameter only.
+/// - A router whose state has no `Engine` fails to compile, never on the first request. As the
+///   only state type the compiler can see providing an `Engine` is `Engine` itself, the error names
+///   it: "expected `Engine`, found `AppState`" at `.with_state(...)`, or "expected
+///   `MethodRouter<AppState>`, found `MethodRouter<Engine>`" at `.route(...)` when the router's
+///   type is written out. The fix is a field `engine: Engine` in the state with
+///   `#[derive(FromRef)]` on it (axum's `macros` feature, which your crate turns on), or
+///   `impl FromRef<AppState> for Engine`.
+/// - Any other parameter that is no extractor for the router's state (a `scope` parameter whose
+///   type implements `Scope` but not `FromRequestParts`, say) makes the router report that the
+///   handler "is not a `Handler`", listing the handler's parameters as written, the last one in
+///   `WithBody`. Whether a type extracts from a state only the router knows, so the attribute
+///   cannot tell sooner; `#[axum::debug_handler(state = AppState)]`, written below
+///   `#[idempotent]`, reports each parameter at its type.
 ///
-/// With `transaction`, the added parameter takes the `Transactional` engine instead (its type is
-/// chosen by the transaction parameter's type, whose check points at that type), and the
-/// transaction parameter is removed from the extractors.
-///
-/// Handlers must be `async fn`, must not take `self`, must not be generic and take at most 15
-/// parameters (axum's limit of 16 extractors, minus the engine). Other attributes (doc comments,
-/// `#[tracing::instrument]`, lints) and the visibility are kept.
+/// Handlers must be `async fn`, must not take `self`, must not be generic and take at most 16
+/// parameters (axum's limit). Other attributes (doc comments, `#[tracing::instrument]`, lints) and
+/// the visibility are kept.
 ///
 /// If the attribute reports an error, it leaves the handler as written, so the code naming it
 /// keeps compiling and only the attribute's own errors show.

@@ -3,6 +3,8 @@
 //! They only read text; range rules (> 0, ≤ 366d, ...) and the option names in messages belong to
 //! `config.rs`. Each parser recognises the plausible near-misses (`"24 hours"`, `"1.5h"`,
 //! `"2027/03/01"`, `"1MB"`, `"Reject"`) so that the error can say what was probably meant.
+//!
+//! No dependencies: `fuzz/fuzz_targets/macro_values.rs` compiles this file into itself.
 
 /// Milliseconds per unit, in canonical spelling.
 const MS: u64 = 1;
@@ -11,16 +13,16 @@ const MIN: u64 = 60 * SEC;
 const HOUR: u64 = 60 * MIN;
 const DAY: u64 = 24 * HOUR;
 
-/// Why a duration literal was not accepted.
+/// Why a literal was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BadDuration {
-    /// Not recognisable as a duration at all.
+pub(crate) enum Bad {
+    /// Not recognisable at all.
     Unrecognized,
-    /// Recognisable, but not in canonical form: the canonical spelling of the same duration.
+    /// Recognisable, but not in canonical form: the canonical spelling of the same value.
     DidYouMean(String),
-    /// Recognisable but not expressible; the explanation.
+    /// Recognisable but wrong or ambiguous; the explanation.
     Note(String),
-    /// Does not fit in 64-bit milliseconds.
+    /// Does not fit in 64 bits.
     TooLarge,
 }
 
@@ -28,8 +30,8 @@ pub(crate) enum BadDuration {
 ///
 /// Only the canonical form is accepted: one whole number, one lower-case unit, no spaces. Anything
 /// else that still reads as a duration (`"24 hours"`, `"1h30m"`, `"1.5h"`, `"2w"`) comes back as
-/// [`BadDuration::DidYouMean`] with the canonical spelling.
-pub(crate) fn parse_duration(text: &str, allow_ms: bool) -> Result<u64, BadDuration> {
+/// [`Bad::DidYouMean`] with the canonical spelling.
+pub(crate) fn parse_duration(text: &str, allow_ms: bool) -> Result<u64, Bad> {
     if let Some((n, unit)) = canonical_split(text) {
         let per = match unit {
             "s" => SEC,
@@ -40,7 +42,7 @@ pub(crate) fn parse_duration(text: &str, allow_ms: bool) -> Result<u64, BadDurat
             _ => 0,
         };
         if per != 0 {
-            return n.checked_mul(per).ok_or(BadDuration::TooLarge);
+            return n.checked_mul(per).ok_or(Bad::TooLarge);
         }
     }
     Err(explain_duration(text, allow_ms))
@@ -48,25 +50,29 @@ pub(crate) fn parse_duration(text: &str, allow_ms: bool) -> Result<u64, BadDurat
 
 /// `"24h"` → `(24, "h")`: digits then ASCII lower-case letters, nothing else.
 fn canonical_split(text: &str) -> Option<(u64, &str)> {
-    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let (n, unit) = text.split_at(digits);
+    let (n, unit) = split_while(text, |b| b.is_ascii_digit());
     if n.is_empty() || unit.is_empty() || !unit.bytes().all(|b| b.is_ascii_lowercase()) {
         return None;
     }
     Some((n.parse().ok()?, unit))
 }
 
+/// `text` cut after its longest prefix of ASCII bytes that pass `keep`.
+fn split_while(text: &str, keep: impl Fn(u8) -> bool) -> (&str, &str) {
+    text.split_at(text.bytes().take_while(|&b| keep(b)).count())
+}
+
 /// Works out what a non-canonical duration probably meant.
-fn explain_duration(text: &str, allow_ms: bool) -> BadDuration {
+fn explain_duration(text: &str, allow_ms: bool) -> Bad {
     let t = text.trim();
     if t.is_empty() {
-        return BadDuration::Unrecognized;
+        return Bad::Unrecognized;
     }
     if t.starts_with('-') {
-        return BadDuration::Note("durations cannot be negative".into());
+        return Bad::Note("durations cannot be negative".into());
     }
     if t.bytes().all(|b| b.is_ascii_digit()) {
-        return BadDuration::Note(format!(
+        return Bad::Note(format!(
             "add a unit, e.g. \"{t}s\" (seconds), \"{t}m\", \"{t}h\" or \"{t}d\""
         ));
     }
@@ -77,20 +83,11 @@ fn explain_duration(text: &str, allow_ms: bool) -> BadDuration {
     // One whole number with a recognised unit: suggest the same number in the canonical unit.
     let mut same_unit: Option<String> = None;
     while !rest.is_empty() {
-        let num_len = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        if num_len == 0 {
-            return BadDuration::Unrecognized;
+        let (num, after) = split_while(rest, |b| b.is_ascii_digit() || b == b'.');
+        if num.is_empty() {
+            return Bad::Unrecognized;
         }
-        let (num, after) = rest.split_at(num_len);
-        let after = after.trim_start();
-        let unit_len = after
-            .bytes()
-            .take_while(|b| b.is_ascii_alphabetic())
-            .count();
-        let (unit, after) = after.split_at(unit_len);
+        let (unit, after) = split_while(after.trim_start(), |b| b.is_ascii_alphabetic());
         rest = after.trim_start_matches([' ', ',']);
         rest = rest.strip_prefix("and ").unwrap_or(rest);
         let (per, canonical) = match unit_ms(unit) {
@@ -104,33 +101,33 @@ fn explain_duration(text: &str, allow_ms: bool) -> BadDuration {
             _ => None,
         };
         let Some(ms) = decimal_times(num, per) else {
-            return BadDuration::Unrecognized;
+            return Bad::Unrecognized;
         };
         // Each segment fits u128 but their sum need not (found by fuzz/macro_values).
         let Some(sum) = total_ms.checked_add(ms) else {
-            return BadDuration::TooLarge;
+            return Bad::TooLarge;
         };
         total_ms = sum;
         segments += 1;
     }
     if segments == 0 {
-        return BadDuration::Unrecognized;
+        return Bad::Unrecognized;
     }
     let Ok(total) = u64::try_from(total_ms) else {
-        return BadDuration::TooLarge;
+        return Bad::TooLarge;
     };
     if !allow_ms && total % SEC != 0 {
-        return BadDuration::Note("this option takes whole seconds (units s, m, h, d)".into());
+        return Bad::Note("this option takes whole seconds (units s, m, h, d)".into());
     }
     match same_unit {
-        Some(s) if segments == 1 && (allow_ms || !s.ends_with("ms")) => BadDuration::DidYouMean(s),
-        _ => BadDuration::DidYouMean(format_ms(total)),
+        Some(s) if segments == 1 && (allow_ms || !s.ends_with("ms")) => Bad::DidYouMean(s),
+        _ => Bad::DidYouMean(format_ms(total)),
     }
 }
 
 /// The length of a unit word in ms and its canonical spelling (if it has one), or why it is not
 /// accepted.
-fn unit_ms(unit: &str) -> Result<(u128, Option<&'static str>), BadDuration> {
+fn unit_ms(unit: &str) -> Result<(u128, Option<&'static str>), Bad> {
     let lower = unit.to_ascii_lowercase();
     Ok(match lower.as_str() {
         "ms" | "msec" | "msecs" | "milli" | "millis" | "millisecond" | "milliseconds" => {
@@ -138,7 +135,7 @@ fn unit_ms(unit: &str) -> Result<(u128, Option<&'static str>), BadDuration> {
         }
         "s" | "sec" | "secs" | "second" | "seconds" => (SEC.into(), Some("s")),
         "m" if unit == "M" => {
-            return Err(BadDuration::Note(
+            return Err(Bad::Note(
                 "`M` is not a unit: write minutes as \"m\", or months in days (\"30d\")".into(),
             ))
         }
@@ -147,16 +144,12 @@ fn unit_ms(unit: &str) -> Result<(u128, Option<&'static str>), BadDuration> {
         "d" | "day" | "days" => (DAY.into(), Some("d")),
         "w" | "wk" | "wks" | "week" | "weeks" => ((7 * DAY).into(), None),
         "mo" | "mon" | "month" | "months" | "y" | "yr" | "yrs" | "year" | "years" => {
-            return Err(BadDuration::Note(
+            return Err(Bad::Note(
                 "months and years vary in length: write days, e.g. \"30d\" or \"365d\"".into(),
             ))
         }
-        "" => {
-            return Err(BadDuration::Note(
-                "every number needs a unit: s, m, h or d".into(),
-            ))
-        }
-        _ => return Err(BadDuration::Unrecognized),
+        "" => return Err(Bad::Note("every number needs a unit: s, m, h or d".into())),
+        _ => return Err(Bad::Unrecognized),
     })
 }
 
@@ -168,11 +161,8 @@ fn decimal_times(num: &str, per: u128) -> Option<u128> {
     }
     let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
     let scale = 10u128.pow(frac.len() as u32);
-    let frac: u128 = if frac.is_empty() {
-        0
-    } else {
-        frac.parse().ok()?
-    };
+    // Digits only, at most nine: it parses, or is empty.
+    let frac: u128 = frac.parse().unwrap_or(0);
     let scaled = frac.checked_mul(per)?;
     if scaled % scale != 0 {
         return None;
@@ -182,109 +172,57 @@ fn decimal_times(num: &str, per: u128) -> Option<u128> {
 
 /// Milliseconds in the largest unit that divides them: 5_400_000 → `"90m"`.
 pub(crate) fn format_ms(ms: u64) -> String {
-    for (per, unit) in [(DAY, "d"), (HOUR, "h"), (MIN, "m"), (SEC, "s")] {
-        if ms != 0 && ms % per == 0 {
-            return format!("{}{unit}", ms / per);
-        }
+    let units = [(DAY, "d"), (HOUR, "h"), (MIN, "m"), (SEC, "s"), (MS, "ms")];
+    match units.into_iter().find(|(per, _)| ms % per == 0 && ms != 0) {
+        Some((per, unit)) => format!("{}{unit}", ms / per),
+        None => "0s".into(),
     }
-    if ms == 0 {
-        "0s".into()
-    } else {
-        format!("{ms}ms")
-    }
-}
-
-/// Why a date literal was not accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BadDate {
-    /// Not recognisable as a date.
-    Unrecognized,
-    /// The same date, written `YYYY-MM-DD`.
-    DidYouMean(String),
-    /// Recognisable but wrong; the explanation.
-    Note(String),
 }
 
 /// Parses `"YYYY-MM-DD"` (a real calendar date, years 1970–9999) into the milliseconds since the
 /// Unix epoch of its midnight UTC.
-pub(crate) fn parse_date(text: &str) -> Result<i64, BadDate> {
-    let b = text.as_bytes();
-    let canonical = b.len() == 10
-        && b[4] == b'-'
-        && b[7] == b'-'
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
-    if !canonical {
-        return Err(explain_date(text));
-    }
-    let year: i64 = text[0..4].parse().map_err(|_| BadDate::Unrecognized)?;
-    let month: u32 = text[5..7].parse().map_err(|_| BadDate::Unrecognized)?;
-    let day: u32 = text[8..10].parse().map_err(|_| BadDate::Unrecognized)?;
-    check_calendar(year, month, day)?;
-    Ok(days_from_civil(year, month, day) * 86_400_000)
-}
-
-fn explain_date(text: &str) -> BadDate {
+pub(crate) fn parse_date(text: &str) -> Result<i64, Bad> {
     let t = text.trim();
     // An RFC 3339 timestamp: keep the date.
     if let Some((date, _time)) = t.split_once(['T', ' ']) {
         if parse_date(date).is_ok() {
-            return BadDate::Note(format!(
-                "only the date is taken (rejection starts at its midnight UTC): write \"{date}\""
-            ));
+            let note = "only the date is taken (rejection starts at its midnight UTC)";
+            return Err(Bad::Note(format!("{note}: write \"{date}\"")));
         }
     }
     let parts: Vec<&str> = t.split(['-', '/', '.']).collect();
     let numeric = |p: &&str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|c| c.is_ascii_digit());
     if parts.len() != 3 || !parts.iter().all(numeric) {
-        return BadDate::Unrecognized;
+        return Err(Bad::Unrecognized);
     }
-    if parts[0].len() == 4 {
-        let (Ok(year), Ok(month), Ok(day)) = (
-            parts[0].parse::<i64>(),
-            parts[1].parse::<u32>(),
-            parts[2].parse::<u32>(),
-        ) else {
-            return BadDate::Unrecognized;
-        };
-        if let Err(e) = check_calendar(year, month, day) {
-            return e;
-        }
-        return BadDate::DidYouMean(format!("{year:04}-{month:02}-{day:02}"));
+    if parts[0].len() != 4 {
+        let ambiguous =
+            "day-month-year and month-day-year are ambiguous: write the year first, YYYY-MM-DD";
+        return Err(match parts[2].len() {
+            4 => Bad::Note(ambiguous.into()),
+            _ => Bad::Unrecognized,
+        });
     }
-    if parts[2].len() == 4 {
-        return BadDate::Note(
-            "day-month-year and month-day-year are ambiguous: write the year first, YYYY-MM-DD"
-                .into(),
-        );
+    // At most four digits each: they parse.
+    let [year, month, day] = [0, 1, 2].map(|i| parts[i].parse::<u32>().unwrap_or(0));
+    let year = i64::from(year);
+    check_calendar(year, month, day)?;
+    let canonical = format!("{year:04}-{month:02}-{day:02}");
+    if canonical != text {
+        return Err(Bad::DidYouMean(canonical));
     }
-    BadDate::Unrecognized
+    Ok(days_from_civil(year, month, day) * 86_400_000)
 }
 
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
+const MONTHS: &str =
+    "January February March April May June July August September October November December";
 
-fn check_calendar(year: i64, month: u32, day: u32) -> Result<(), BadDate> {
+fn check_calendar(year: i64, month: u32, day: u32) -> Result<(), Bad> {
     if !(1970..=9999).contains(&year) {
-        return Err(BadDate::Note(
-            "the year must be between 1970 and 9999".into(),
-        ));
+        return Err(Bad::Note("the year must be between 1970 and 9999".into()));
     }
     if !(1..=12).contains(&month) {
-        return Err(BadDate::Note(format!(
+        return Err(Bad::Note(format!(
             "there is no month {month}: months run from 01 to 12"
         )));
     }
@@ -296,10 +234,11 @@ fn check_calendar(year: i64, month: u32, day: u32) -> Result<(), BadDate> {
         _ => 31,
     };
     if day == 0 || day > days {
-        return Err(BadDate::Note(format!(
-            "{} {year} has {days} days",
-            MONTHS[month as usize - 1]
-        )));
+        let name = MONTHS
+            .split(' ')
+            .nth(month as usize - 1)
+            .unwrap_or_default();
+        return Err(Bad::Note(format!("{name} {year} has {days} days")));
     }
     Ok(())
 }
@@ -315,21 +254,9 @@ fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Why a size literal was not accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BadSize {
-    /// Not recognisable as a size.
-    Unrecognized,
-    /// Recognisable; the explanation and the probable canonical spelling.
-    Note(String),
-    /// Does not fit.
-    TooLarge,
-}
-
 /// Parses `"<n><unit>"` with units `B`, `KiB`, `MiB`, `GiB` into bytes.
-pub(crate) fn parse_size(text: &str) -> Result<u64, BadSize> {
-    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let (n, unit) = text.split_at(digits);
+pub(crate) fn parse_size(text: &str) -> Result<u64, Bad> {
+    let (n, unit) = split_while(text, |b| b.is_ascii_digit());
     let per: u64 = match unit {
         "B" => 1,
         "KiB" => 1 << 10,
@@ -345,68 +272,70 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, BadSize> {
                 _ => None,
             };
             return Err(match binary {
-                Some(u) if !n.is_empty() => BadSize::Note(format!(
+                Some(u) if !n.is_empty() => Bad::Note(format!(
                     "write \"{n}{u}\" (units B, KiB, MiB, GiB; 1 KiB = 1024 bytes)"
                 )),
-                _ => BadSize::Unrecognized,
+                _ => Bad::Unrecognized,
             });
         }
     };
-    let n: u64 = n.parse().map_err(|_| BadSize::Unrecognized)?;
-    n.checked_mul(per).ok_or(BadSize::TooLarge)
+    let n: u64 = n.parse().map_err(|_| Bad::Unrecognized)?;
+    n.checked_mul(per).ok_or(Bad::TooLarge)
 }
 
-/// `missing_key` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MissingKey {
-    Reject,
-    Pass,
-    Derive,
+/// One value of an option that names a runtime enum's variant.
+#[derive(Debug)]
+pub(crate) struct Choice {
+    /// As written in the attribute.
+    pub(crate) value: &'static str,
+    /// The runtime enum's variant.
+    pub(crate) variant: &'static str,
+    /// What it does, for messages.
+    pub(crate) meaning: &'static str,
+    /// Other words a user may write for it (compared lower-case, `_` and `-` as spaces).
+    pub(crate) aliases: &'static [&'static str],
 }
 
-/// `replay` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Replay {
-    Full,
-    Minimal,
+/// `value variant "meaning": aliases...;` rows, as [`Choice`]s.
+macro_rules! choices {
+    ($($value:literal $variant:ident $meaning:literal: $($alias:literal)*;)*) => {
+        &[$(Choice { value: $value, variant: stringify!($variant), meaning: $meaning, aliases: &[$($alias),*] }),*]
+    };
 }
 
-/// An enum value, or the probable intended value (if any) for the message.
-pub(crate) fn parse_missing_key(text: &str) -> Result<MissingKey, Option<&'static str>> {
-    match text {
-        "reject" => Ok(MissingKey::Reject),
-        "pass" => Ok(MissingKey::Pass),
-        "derive" => Ok(MissingKey::Derive),
-        _ => Err(
-            match text
-                .trim()
-                .to_ascii_lowercase()
-                .replace(['_', '-'], " ")
-                .as_str()
-            {
-                "reject" | "required" | "require" | "deny" | "error" | "400" => Some("reject"),
-                "pass" | "allow" | "optional" | "ignore" | "skip" | "passthrough"
-                | "pass through" => Some("pass"),
-                "derive" | "derived" | "auto" | "generate" | "fingerprint" => Some("derive"),
-                other => closest(other, &["reject", "pass", "derive"]),
-            },
-        ),
+/// `missing_key`: `MissingKey`.
+pub(crate) const MISSING_KEY: &[Choice] = choices! {
+    "reject" Reject "answer 400": "required" "require" "deny" "error" "400";
+    "pass" Pass "run unprotected": "allow" "optional" "ignore" "skip" "passthrough" "pass through";
+    "derive" Derive "derive a key from the request": "derived" "auto" "generate" "fingerprint";
+};
+
+/// `replay`: `ReplayMode`.
+pub(crate) const REPLAY: &[Choice] = choices! {
+    "full" Full "status, headers and body": "all" "complete" "body" "everything";
+    "minimal" Minimal "status, `Location` and the resource id": "min" "minimum" "short" "status" "location" "id";
+};
+
+/// `server_errors`: `ServerErrors`.
+pub(crate) const SERVER_ERRORS: &[Choice] = choices! {
+    "release" Release "not stored: a retry runs the handler again": "retry" "rerun" "forget" "drop" "discard" "released";
+    "store" Store "stored and replayed like any other status": "keep" "cache" "replay" "save" "stored" "persist";
+};
+
+/// The choice written `text`, or the probable intended one (if any) for the message.
+pub(crate) fn parse_choice<'c>(
+    text: &str,
+    choices: &'c [Choice],
+) -> Result<&'c Choice, Option<&'c str>> {
+    if let Some(choice) = choices.iter().find(|c| c.value == text) {
+        return Ok(choice);
     }
-}
-
-/// A replay mode, or the probable intended value (if any) for the message.
-pub(crate) fn parse_replay(text: &str) -> Result<Replay, Option<&'static str>> {
-    match text {
-        "full" => Ok(Replay::Full),
-        "minimal" => Ok(Replay::Minimal),
-        _ => Err(match text.trim().to_ascii_lowercase().as_str() {
-            "full" | "all" | "complete" | "body" | "everything" => Some("full"),
-            "minimal" | "min" | "minimum" | "short" | "status" | "location" | "id" => {
-                Some("minimal")
-            }
-            other => closest(other, &["full", "minimal"]),
-        }),
-    }
+    let words = text.trim().to_ascii_lowercase().replace(['_', '-'], " ");
+    let alias = choices
+        .iter()
+        .find(|c| c.value == words || c.aliases.contains(&words.as_str()));
+    let values: Vec<&str> = choices.iter().map(|c| c.value).collect();
+    Err(alias.map(|c| c.value).or_else(|| closest(&words, &values)))
 }
 
 /// The candidate within edit distance 2 (and less than the word's length) of `word`, if any.
@@ -437,7 +366,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 mod tests {
     use super::*;
 
-    fn hint(text: &str) -> BadDuration {
+    fn hint(text: &str) -> Bad {
         parse_duration(text, false).unwrap_err()
     }
 
@@ -456,11 +385,11 @@ mod tests {
         let max = u128::MAX;
         assert_eq!(
             parse_duration(&format!("{max}ms {max}ms"), true),
-            Err(BadDuration::TooLarge)
+            Err(Bad::TooLarge)
         );
         assert_eq!(
             parse_duration(&format!("{max}ms 1s"), false),
-            Err(BadDuration::TooLarge)
+            Err(Bad::TooLarge)
         );
     }
 
@@ -468,19 +397,19 @@ mod tests {
     fn milliseconds_only_where_allowed() {
         assert_eq!(
             parse_duration("250ms", false),
-            Err(BadDuration::Note(
+            Err(Bad::Note(
                 "this option takes whole seconds (units s, m, h, d)".into()
             ))
         );
         assert_eq!(
             parse_duration("2000ms", false),
-            Err(BadDuration::DidYouMean("2s".into()))
+            Err(Bad::DidYouMean("2s".into()))
         );
     }
 
     #[test]
     fn near_misses_suggest_the_canonical_spelling() {
-        let did = |s: &str| BadDuration::DidYouMean(s.into());
+        let did = |s: &str| Bad::DidYouMean(s.into());
         assert_eq!(hint("24 hours"), did("24h"));
         assert_eq!(hint("24hours"), did("24h"));
         assert_eq!(hint("24H"), did("24h"));
@@ -497,20 +426,20 @@ mod tests {
 
     #[test]
     fn nonsense_and_unit_less_durations_are_explained() {
-        assert_eq!(hint("soon"), BadDuration::Unrecognized);
-        assert_eq!(hint(""), BadDuration::Unrecognized);
-        assert_eq!(hint("24x"), BadDuration::Unrecognized);
-        assert!(matches!(hint("24"), BadDuration::Note(n) if n.contains("\"24h\"")));
-        assert!(matches!(hint("-5s"), BadDuration::Note(n) if n.contains("negative")));
-        assert!(matches!(hint("1M"), BadDuration::Note(n) if n.contains("30d")));
-        assert!(matches!(hint("1 month"), BadDuration::Note(n) if n.contains("30d")));
+        assert_eq!(hint("soon"), Bad::Unrecognized);
+        assert_eq!(hint(""), Bad::Unrecognized);
+        assert_eq!(hint("24x"), Bad::Unrecognized);
+        assert!(matches!(hint("24"), Bad::Note(n) if n.contains("\"24h\"")));
+        assert!(matches!(hint("-5s"), Bad::Note(n) if n.contains("negative")));
+        assert!(matches!(hint("1M"), Bad::Note(n) if n.contains("30d")));
+        assert!(matches!(hint("1 month"), Bad::Note(n) if n.contains("30d")));
         assert_eq!(
             parse_duration("99999999999999999999d", false),
-            Err(BadDuration::TooLarge)
+            Err(Bad::TooLarge)
         );
         assert_eq!(
             parse_duration("999999999999999d", false),
-            Err(BadDuration::TooLarge)
+            Err(Bad::TooLarge)
         );
     }
 
@@ -535,7 +464,7 @@ mod tests {
     #[test]
     fn impossible_dates_say_why() {
         let note = |s: &str| match parse_date(s) {
-            Err(BadDate::Note(n)) => n,
+            Err(Bad::Note(n)) => n,
             other => panic!("{s}: {other:?}"),
         };
         assert_eq!(note("2027-02-29"), "February 2027 has 28 days");
@@ -551,20 +480,18 @@ mod tests {
     fn other_date_spellings_get_the_canonical_one() {
         assert_eq!(
             parse_date("2027/03/01"),
-            Err(BadDate::DidYouMean("2027-03-01".into()))
+            Err(Bad::DidYouMean("2027-03-01".into()))
         );
         assert_eq!(
             parse_date("2027-3-1"),
-            Err(BadDate::DidYouMean("2027-03-01".into()))
+            Err(Bad::DidYouMean("2027-03-01".into()))
         );
+        assert!(matches!(parse_date("01/03/2027"), Err(Bad::Note(n)) if n.contains("YYYY-MM-DD")));
         assert!(
-            matches!(parse_date("01/03/2027"), Err(BadDate::Note(n)) if n.contains("YYYY-MM-DD"))
+            matches!(parse_date("2027-03-01T00:00:00Z"), Err(Bad::Note(n)) if n.contains("\"2027-03-01\""))
         );
-        assert!(
-            matches!(parse_date("2027-03-01T00:00:00Z"), Err(BadDate::Note(n)) if n.contains("\"2027-03-01\""))
-        );
-        assert_eq!(parse_date("next march"), Err(BadDate::Unrecognized));
-        assert_eq!(parse_date(""), Err(BadDate::Unrecognized));
+        assert_eq!(parse_date("next march"), Err(Bad::Unrecognized));
+        assert_eq!(parse_date(""), Err(Bad::Unrecognized));
     }
 
     #[test]
@@ -572,22 +499,27 @@ mod tests {
         assert_eq!(parse_size("1MiB"), Ok(1 << 20));
         assert_eq!(parse_size("512KiB"), Ok(512 << 10));
         assert_eq!(parse_size("100B"), Ok(100));
-        assert!(matches!(parse_size("1MB"), Err(BadSize::Note(n)) if n.contains("\"1MiB\"")));
-        assert!(matches!(parse_size("64 kb"), Err(BadSize::Note(n)) if n.contains("\"64KiB\"")));
-        assert!(matches!(parse_size("4096"), Err(BadSize::Note(n)) if n.contains("\"4096B\"")));
-        assert_eq!(parse_size("big"), Err(BadSize::Unrecognized));
+        assert!(matches!(parse_size("1MB"), Err(Bad::Note(n)) if n.contains("\"1MiB\"")));
+        assert!(matches!(parse_size("64 kb"), Err(Bad::Note(n)) if n.contains("\"64KiB\"")));
+        assert!(matches!(parse_size("4096"), Err(Bad::Note(n)) if n.contains("\"4096B\"")));
+        assert_eq!(parse_size("big"), Err(Bad::Unrecognized));
     }
 
     #[test]
     fn enum_values_and_their_hints() {
-        assert_eq!(parse_missing_key("derive"), Ok(MissingKey::Derive));
-        assert_eq!(parse_missing_key("Reject"), Err(Some("reject")));
-        assert_eq!(parse_missing_key("optional"), Err(Some("pass")));
-        assert_eq!(parse_missing_key("derrive"), Err(Some("derive")));
-        assert_eq!(parse_missing_key("banana"), Err(None));
-        assert_eq!(parse_replay("minimal"), Ok(Replay::Minimal));
-        assert_eq!(parse_replay("minimum"), Err(Some("minimal")));
-        assert_eq!(parse_replay("ful"), Err(Some("full")));
+        let variant = |text, choices| parse_choice(text, choices).map(|c| c.variant);
+        assert_eq!(variant("derive", MISSING_KEY), Ok("Derive"));
+        assert_eq!(variant("Reject", MISSING_KEY), Err(Some("reject")));
+        assert_eq!(variant("optional", MISSING_KEY), Err(Some("pass")));
+        assert_eq!(variant("pass-through", MISSING_KEY), Err(Some("pass")));
+        assert_eq!(variant("derrive", MISSING_KEY), Err(Some("derive")));
+        assert_eq!(variant("banana", MISSING_KEY), Err(None));
+        assert_eq!(variant("minimal", REPLAY), Ok("Minimal"));
+        assert_eq!(variant("minimum", REPLAY), Err(Some("minimal")));
+        assert_eq!(variant("ful", REPLAY), Err(Some("full")));
+        assert_eq!(variant("store", SERVER_ERRORS), Ok("Store"));
+        assert_eq!(variant("Stored", SERVER_ERRORS), Err(Some("store")));
+        assert_eq!(variant("relase", SERVER_ERRORS), Err(Some("release")));
     }
 
     #[test]

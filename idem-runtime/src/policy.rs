@@ -46,15 +46,17 @@ pub enum ReplayMode {
 }
 
 /// What a 5xx response from the handler does to its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ServerErrors {
-    /// Release the key: the 5xx is not stored and a retry runs the handler again (the default).
-    /// Right when a 5xx means the handler failed before its effect.
+    /// Release the key without storing the response: a retry runs the handler again. Right when
+    /// a 5xx means the effect did not happen (a dependency was down, the handler gave up before
+    /// writing).
+    #[default]
     Release,
-    /// Store the 5xx and replay it like any other status. Right when a 5xx may come after the
-    /// effect happened (a timeout from a downstream service that may have acted), so that a retry
-    /// must not run the handler again.
+    /// Store the response and replay it like any other status: a retry gets the same 5xx. Right
+    /// when a 5xx may come after the effect happened (a timeout after the charge went through),
+    /// where running again could repeat the effect.
     Store,
 }
 
@@ -80,7 +82,7 @@ pub struct Policy {
     pub reject_after_ms: Option<i64>,
     /// What a replay returns.
     pub replay: ReplayMode,
-    /// Whether a 5xx releases the key or is stored.
+    /// What a 5xx response does to the key: released for a retry to run again, or stored.
     pub server_errors: ServerErrors,
     /// The largest response body stored; larger bodies are stored as in [`ReplayMode::Minimal`].
     pub max_stored_body: usize,
@@ -116,7 +118,7 @@ pub enum PolicyError {
 
 impl Policy {
     /// The defaults: ttl 24 h, retain 7 d, lease 30 s, wait 10 s, keys required, full replays,
-    /// bodies stored up to 64 KiB, requests up to 1 MiB.
+    /// 5xx responses released, bodies stored up to 64 KiB, requests up to 1 MiB.
     pub const fn new() -> Self {
         Self {
             ttl: Duration::from_secs(24 * 3600),
@@ -186,7 +188,14 @@ impl Policy {
         self
     }
 
-    /// Whether a 5xx from the handler releases the key (the default) or is stored and replayed.
+    /// Sets what a 5xx response does to the key ([`ServerErrors::Release`] by default).
+    ///
+    /// ```
+    /// use idem_runtime::policy::{Policy, ServerErrors};
+    /// // A payment provider's timeout may come after the charge: replay the 5xx, never charge twice.
+    /// const CHARGES: Policy = Policy::new().server_errors(ServerErrors::Store);
+    /// assert_eq!(CHARGES.server_errors, ServerErrors::Store);
+    /// ```
     pub const fn server_errors(mut self, server_errors: ServerErrors) -> Self {
         self.server_errors = server_errors;
         self

@@ -15,7 +15,7 @@ mod http_support;
 mod proof_support;
 
 use http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
-use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::store::{Claim, ClaimOutcome, Subscription};
 use idem_runtime::{
     Begin, Engine, FencingToken, Fingerprint, Policy, Record, RecordKey, Rejection, Store,

@@ -252,7 +252,7 @@ async fn nested_routers_do_not_share_fingerprints() {
 }
 
 /// The record alice's key `k1` holds carries the fingerprint `Fingerprint::of_request` gives a
-/// JSON POST of `body` to `path`, as records stored before the one parse carry it.
+/// JSON POST of `body` to `path`.
 async fn assert_stored_fingerprint_is_of(h: &Harness, path: &str, body: &str) {
     let record = h.record("alice", "k1").await.expect("stored");
     let json = Some("application/json");
@@ -267,7 +267,7 @@ const ORDER_REWRITTEN: &str = r#" { "delivery" : { "Courier" : { "address" : "1 
     "items" : [ { "quantity" : 2 , "sku" : "app\u006ce" } ] , "currency" : "KRW" } "#;
 
 #[tokio::test]
-async fn a_json_body_is_parsed_once_for_the_handler_and_the_fingerprint() {
+async fn a_json_body_reaches_the_handler_and_is_fingerprinted_by_meaning() {
     // `/orders` takes `Json<NewOrder>` (enums in both of serde_json's forms, nested structs).
     let h = Harness::new();
     let fresh = h.send(json_post("/orders", "alice", &["k1"], ORDER)).await;
@@ -316,8 +316,8 @@ async fn a_json_body_is_parsed_once_for_the_handler_and_the_fingerprint() {
 
 #[tokio::test]
 async fn a_body_fingerprinted_by_a_second_parse_replays_the_same_way() {
-    // `/readings` takes an `f32`: the one parse cannot write its canonical form, so the
-    // fingerprint comes from a second parse, and must be the same one.
+    // `/readings` takes an `f32`, which the fingerprint's `Value` holds as an `f64`: the
+    // fingerprint is still the one of the body's meaning.
     let h = Harness::new();
     let body = r#"{"celsius": 21.5, "station": {"b": 1, "a": 2}}"#;
     let fresh = h.send(json_post("/readings", "alice", &["k1"], body)).await;

@@ -7,30 +7,32 @@
 //! async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<New>) -> impl IntoResponse { BODY }
 //! ```
 //!
-//! is, in essence (`IDEM_DEBUG_EXPAND=1` prints the real expansion; see `idem-macros/src/expand.rs`;
-//! a last parameter of another type is wrapped in [`WithBody`] instead of [`WithJson`]):
+//! is, in essence (`IDEM_DEBUG_EXPAND=1` prints the real expansion; see `idem-macros/src/expand.rs`):
 //!
 //! ```ignore
 //! async fn create(
-//!     __idem_engine: ::idem_runtime::__private::EngineState,
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithJson(Json(req), __idem_request): ::idem_runtime::__private::WithJson<Json<New>, 1048576>,
+//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request, __idem_engine): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
-//!         .ttl(::idem_runtime::__private::Duration::from_secs(86400))
+//!         .ttl(::idem_runtime::__private::Duration::from_millis(86400000))
 //!         .handler("create")
 //!         .checked();
-//!     // A last parameter written `Json<..>` must be axum's (reported at its type otherwise).
-//!     ::idem_runtime::__private::json_body::<Json<New>>();
+//!     // A parameter before the last one that reads the body is reported at its type.
+//!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
 //!     // Copied out: the body below is an `async move` block that may use `user` itself.
 //!     let __idem_scope = ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move { BODY }).await
 //! }
 //! ```
+//!
+//! The engine comes with the last parameter ([`WithBody`]'s third field, [`EngineState`] by
+//! default) rather than as a parameter of its own, so that the handler's type, which the compiler
+//! shows when a router refuses it, lists the user's parameters only.
 
 pub use crate::engine::Engine;
-pub use crate::policy::{MissingKey, Policy, ReplayMode, ServerErrors};
+pub use crate::policy::{MissingKey, Policy, PolicyError, ReplayMode, ServerErrors};
 pub use ::axum::response::Response;
 pub use core::time::Duration;
 
@@ -39,6 +41,7 @@ use ::axum::http::request::Parts;
 use ::axum::response::IntoResponse;
 use std::borrow::Cow;
 use std::future::Future;
+use std::marker::PhantomData;
 
 /// The scope string of handlers declared `scope = "global"`.
 pub const GLOBAL_SCOPE: &str = "global";
@@ -89,19 +92,22 @@ pub enum KeyHeader {
     Invalid(crate::KeyError),
 }
 
-/// Wraps the handler's last parameter: buffers the body (up to `LIMIT` bytes, else 413), records what
-/// the fingerprint needs, and hands the same bytes to the wrapped extractor `T`.
+/// Wraps the handler's last parameter: extracts the engine `E` from the router state, buffers the
+/// body (up to `LIMIT` bytes, else 413), records what the fingerprint needs, and hands the same
+/// bytes to the wrapped extractor `T`. `E` is [`EngineState`], or [`TxState`] in transactional
+/// mode (any request-head extractor works, `()` included).
 #[derive(Debug)]
-pub struct WithBody<T, const LIMIT: usize>(pub T, pub RequestContext);
+pub struct WithBody<T, const LIMIT: usize, E = EngineState>(pub T, pub RequestContext, pub E);
 
 /// The marker for [`WithBody`] around an extractor that reads only the request head.
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum ViaPartsExtractor {}
 
-impl<S, T, const LIMIT: usize> FromRequest<S> for WithBody<T, LIMIT>
+impl<S, T, E, const LIMIT: usize> FromRequest<S> for WithBody<T, LIMIT, E>
 where
     T: FromRequest<S>,
+    E: FromRequestParts<S> + Send,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -113,18 +119,22 @@ where
         req: Request,
         state: &S,
     ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         async move {
+            let engine = E::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
             let bytes = super::request::read_body(body, LIMIT).await?;
             let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
-            Ok(Self(inner, ctx))
+            Ok(Self(inner, ctx, engine))
         }
     }
 }
 
-impl<S, T, const LIMIT: usize> FromRequest<S, ViaPartsExtractor> for WithBody<T, LIMIT>
+impl<S, T, E, const LIMIT: usize> FromRequest<S, ViaPartsExtractor> for WithBody<T, LIMIT, E>
 where
     T: FromRequestParts<S>,
+    E: FromRequestParts<S> + Send,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -136,85 +146,88 @@ where
     ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
         let (mut parts, body) = req.into_parts();
         async move {
+            let engine = E::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
             let bytes = super::request::read_body(body, LIMIT).await?;
             let inner = T::from_request_parts(&mut parts, state)
                 .await
                 .map_err(IntoResponse::into_response)?;
-            Ok(Self(inner, super::request::context(&parts, &bytes)))
+            Ok(Self(inner, super::request::context(&parts, &bytes), engine))
         }
     }
 }
 
-/// Wraps a last parameter written `Json<T>`: what [`WithBody`] does, but `T` is deserialized in
-/// the parse that fingerprints the body instead of in a second one. A body of a JSON media type is
-/// read under the router's `DefaultBodyLimit` as well as `LIMIT`, as axum's `Json` would read it;
-/// any other is read as `WithBody` reads it, for `J` to refuse. Whenever that
-/// parse cannot stand in for axum's exactly (a media type `Json` refuses, a body `T` does not
-/// deserialize from, a form of value the one parse does not reproduce), `J` extracts itself from
-/// the same bytes, so every rejection is axum's own.
-#[derive(Debug)]
-pub struct WithJson<J, const LIMIT: usize>(pub J, pub RequestContext);
+/// A router state that asks nothing of an extractor: an extractor that extracts from it extracts
+/// from every state. [`Param`] probes extractors with it, so that a probe never refuses a handler
+/// that works with the application's own state.
+#[derive(Debug, Clone, Copy)]
+pub struct AnyState;
 
-/// Fails to compile when the last parameter written `Json<..>` is not axum's `Json`; the expansion
-/// calls it at the parameter's type, where the error is then reported.
-pub const fn json_body<J: JsonBody>() {}
+/// The probe of a handler parameter before the last one, which the expansion calls as
+/// `(&&Param::<T>::new()).check()` at the parameter's type. Method resolution picks the first
+/// `check` whose impl applies: [`ReadsTheHead`] (an extractor from the request head), then
+/// [`ReadsTheBody`] (an extractor of the body, for every state: an error, as axum gives the body
+/// to the last parameter only), then [`Unknown`] (an extractor for some states only, or none:
+/// left to the compiler's check of the handler against the router's state).
+pub struct Param<T>(PhantomData<fn() -> T>);
 
-/// axum's `Json<T>`, which [`WithJson`] builds from the `T` it deserialized.
+impl<T> Param<T> {
+    /// The probe of `T`.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T> Default for Param<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for Param<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Param<T> {}
+
+/// [`Param`]'s first choice: `T` reads the request head.
+pub trait ReadsTheHead: Sized {
+    /// Passes.
+    fn check(self) {}
+}
+
+impl<T: FromRequestParts<AnyState>> ReadsTheHead for &&Param<T> {}
+
+/// [`Param`]'s second choice: `T` reads the body, before the last parameter.
+pub trait ReadsTheBody<T>: Sized {
+    /// Fails to compile, at the parameter's type.
+    fn check(self)
+    where
+        T: BodyLast,
+    {
+    }
+}
+
+impl<T: FromRequest<AnyState>> ReadsTheBody<T> for &Param<T> {}
+
+/// [`Param`]'s last choice: nothing is known of `T` here.
+pub trait Unknown: Sized {
+    /// Passes.
+    fn check(self) {}
+}
+
+impl<T> Unknown for Param<T> {}
+
+/// Implemented by no type: the bound of [`ReadsTheBody::check`], whose message it carries.
 #[diagnostic::on_unimplemented(
-    message = "`#[idempotent]` reads a last parameter of a type named `Json<..>` as axum's `Json`, and `{Self}` is not axum's `Json`",
-    label = "not `axum::Json`",
-    note = "idem deserializes axum's `Json<T>` in the same parse that fingerprints the body; to extract another type named `Json`, name it through an alias, e.g. `type Body<T> = my_crate::Json<T>;`"
+    message = "`{Self}` reads the request body, so it must be the handler's last parameter",
+    label = "reads the request body, but is not the last parameter",
+    note = "axum gives the request body to the last parameter only (and `#[idempotent]` reads it there to fingerprint it): make this parameter the last one, and keep a single parameter that reads the body"
 )]
-pub trait JsonBody: Sized {
-    /// The deserialized type.
-    type Value: ::serde::de::DeserializeOwned;
-
-    /// The extractor around `value`.
-    fn from_value(value: Self::Value) -> Self;
-}
-
-impl<T: ::serde::de::DeserializeOwned> JsonBody for ::axum::Json<T> {
-    type Value = T;
-
-    fn from_value(value: T) -> Self {
-        ::axum::Json(value)
-    }
-}
-
-impl<S, J, const LIMIT: usize> FromRequest<S> for WithJson<J, LIMIT>
-where
-    J: JsonBody + FromRequest<S>,
-    S: Send + Sync,
-{
-    type Rejection = Response;
-
-    #[allow(clippy::manual_async_fn)]
-    fn from_request(
-        req: Request,
-        state: &S,
-    ) -> impl Future<Output = Result<Self, Self::Rejection>> + Send {
-        use ::axum::RequestExt;
-        // A media type `Json` refuses is read as `WithBody` reads it, so that `Json` answers it
-        // (415) before any limit of its own applies, as it would alone.
-        let json = super::request::json_media_type(req.headers());
-        let req = if json { req.with_limited_body() } else { req };
-        let (parts, body) = req.into_parts();
-        async move {
-            let bytes = super::request::read_body(body, LIMIT).await?;
-            if json {
-                if let Some((value, ctx)) = super::request::json_context::<J::Value>(&parts, &bytes)
-                {
-                    return Ok(Self(J::from_value(value), ctx));
-                }
-            }
-            // Boxed: `J`'s own extraction runs only when the one parse stands aside (another media
-            // type, a body `J` refuses, a form of value it does not reproduce), and its future
-            // inline would triple the size of every request's.
-            let (inner, ctx) = Box::pin(super::request::extract_from(parts, bytes, state)).await?;
-            Ok(Self(inner, ctx))
-        }
-    }
-}
+pub trait BodyLast {}
 
 /// The scope id of the `scope` parameter. Fails to compile (pointing at the parameter) when its type
 /// does not implement [`Scope`](super::Scope).

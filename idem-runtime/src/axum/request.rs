@@ -13,13 +13,12 @@ use ::axum::body::Body;
 use ::axum::extract::{FromRequest, OriginalUri, Request};
 use ::axum::http::header::CONTENT_TYPE;
 use ::axum::http::request::Parts;
-use ::axum::http::{HeaderMap, HeaderName};
+use ::axum::http::HeaderName;
 use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-/// The body, whole, or a 413 / 400 problem. A body already limited further out (by a middleware,
-/// or by axum's `DefaultBodyLimit`, under which [`WithJson`](super::private::WithJson) reads)
+/// The body, whole, or a 413 / 400 problem. A body already limited further out (by a middleware)
 /// answers 413 over either limit.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
     match collect(Limited::new(body, limit)).await {
@@ -99,7 +98,7 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
 }
 
 /// [`context`], then `T` extracted by its own extractor from the same bytes: what `WithBody` does
-/// once the body is read, and `WithJson` when its one parse stands aside.
+/// once the body is read.
 pub(crate) async fn extract_from<S, T: FromRequest<S>>(
     parts: Parts,
     bytes: Bytes,
@@ -111,42 +110,6 @@ pub(crate) async fn extract_from<S, T: FromRequest<S>>(
         .await
         .map_err(IntoResponse::into_response)?;
     Ok((inner, ctx))
-}
-
-/// [`context`], and `T` deserialized from the body in the same parse (`fingerprint/tee.rs`), for
-/// a request of a media type axum's `Json<T>` accepts ([`json_media_type`]), if the parse
-/// reproduces its `T`; `None` otherwise.
-pub(crate) fn json_context<T: serde::de::DeserializeOwned>(
-    parts: &Parts,
-    body: &[u8],
-) -> Option<(T, RequestContext)> {
-    let (method, path, content_type) = head(parts);
-    let (value, fingerprint) =
-        crate::fingerprint::of_json_request(method, path, content_type, body)?;
-    let key = key_header(parts);
-    let ctx = RequestContext {
-        fingerprint,
-        key,
-        safe_method: parts.method.is_safe(),
-        attempt: parts.extensions.get::<super::Attempt>().cloned(),
-    };
-    Some((value, ctx))
-}
-
-/// Whether axum's `Json` accepts the request's media type, decided as axum decides it
-/// (`axum/src/json.rs`: an `application` type whose subtype or suffix is `json`).
-pub(crate) fn json_media_type(headers: &HeaderMap) -> bool {
-    let Some(Ok(content_type)) = headers.get(CONTENT_TYPE).map(|v| v.to_str()) else {
-        return false;
-    };
-    // What nearly every client sends, accepted without parsing it.
-    if content_type == "application/json" {
-        return true;
-    }
-    content_type.parse::<mime::Mime>().is_ok_and(|mime| {
-        mime.type_() == "application"
-            && (mime.subtype() == "json" || mime.suffix().is_some_and(|name| name == "json"))
-    })
 }
 
 /// The method, the path and the content type, as the fingerprint takes them. The path is the one

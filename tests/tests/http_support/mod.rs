@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use idem_runtime::__private::{run, scope_id, EngineState, Policy, WithBody};
+use idem_runtime::__private::{run, scope_id, Policy, WithBody};
 use idem_runtime::axum::Scope;
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::idempotent;
@@ -331,10 +331,9 @@ const WITH_REQUEST_REF: idem_runtime::Policy =
 /// `async fn create_payment(State(probe): State<Probe>, user: User, Json(req): Json<NewPayment>)`
 /// expands to.
 async fn create_payment(
-    __idem_engine: EngineState,
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request): WithBody<Json<NewPayment>, 1048576>,
+    WithBody(Json(req), __idem_request, __idem_engine): WithBody<Json<NewPayment>, 1048576>,
 ) -> Response {
     const __IDEM_POLICY: Policy = WITH_REQUEST_REF.handler("create_payment").checked();
     let __idem_scope = Cow::Owned(scope_id(&user).into_owned());
@@ -513,7 +512,7 @@ async fn derive_missing(
 }
 
 /// What `/orders` takes: an enum of each of serde_json's two forms, a nested struct and fields
-/// the type does not know, all parsed once for the handler and the fingerprint.
+/// the type does not know.
 #[derive(Debug, Deserialize, serde::Serialize)]
 pub struct NewOrder {
     pub currency: Currency,

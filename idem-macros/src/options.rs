@@ -1,0 +1,105 @@
+//! The options of `#[idempotent(...)]`, listed once. Parsing (`attr.rs`: the keywords, "expected
+//! one of"), validation and its messages (`config.rs`: what each value is), the expansion (the
+//! order of the policy's builder calls) and the documentation's table (`lib.rs`) all read it.
+
+use crate::values::{self, Choice};
+use syn::parse::{Lookahead1, ParseStream};
+use syn::Ident;
+
+/// What an option's value is.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    /// The name of a handler parameter, as a string.
+    Param,
+    /// A duration: whether `ms` is accepted, why zero is refused (`None`: zero is accepted), and
+    /// whether it is capped at a year (the runtime's `MAX_TTL`).
+    Duration {
+        ms: bool,
+        zero: Option<&'static str>,
+        year: bool,
+    },
+    /// A value of the runtime's enum named first.
+    Choice(&'static str, &'static [Choice]),
+    /// A date, `YYYY-MM-DD`.
+    Date,
+    /// A size in bytes.
+    Size,
+    /// The path of a `const` policy.
+    Path,
+}
+
+/// Generates, from one row per option (keyword, variant, kind, the example value messages
+/// suggest, and the documentation's "values" and "default" cells): the `kw` keywords, [`Opt`], and
+/// the `options_table!` macro that writes the documentation's table.
+macro_rules! options {
+    ($($name:ident $variant:ident: $kind:expr, $example:literal, $values:literal, $default:literal;)*) => {
+        /// The options' keywords, for `syn`'s `lookahead1`.
+        pub(crate) mod kw { $(syn::custom_keyword!($name);)* }
+
+        /// One option.
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        pub(crate) enum Opt { $($variant,)* }
+
+        impl Opt {
+            /// Every option, in the order the policy is built (`ttl` raises `retain`, so it comes first).
+            pub(crate) const ALL: &'static [Opt] = &[$(Opt::$variant,)*];
+
+            /// Its keyword, its kind, and the value suggested when it is not given a string literal.
+            fn spec(self) -> (&'static str, Kind, &'static str) {
+                match self { $(Opt::$variant => (stringify!($name), $kind, $example),)* }
+            }
+
+            pub(crate) fn name(self) -> &'static str { self.spec().0 }
+            pub(crate) fn kind(self) -> Kind { self.spec().1 }
+            pub(crate) fn example(self) -> &'static str { self.spec().2 }
+
+            /// The option whose keyword comes next, consumed; `None` if none does.
+            pub(crate) fn parse(lookahead: &Lookahead1<'_>, input: ParseStream<'_>) -> syn::Result<Option<(Opt, Ident)>> {
+                $(if lookahead.peek(kw::$name) {
+                    let kw = input.parse::<kw::$name>()?;
+                    return Ok(Some((Opt::$variant, Ident::new(stringify!($name), kw.span))));
+                })*
+                Ok(None)
+            }
+        }
+
+        /// The documentation's table of options.
+        macro_rules! options_table {
+            () => {
+                concat!(
+                    "| option | values | default |\n|---|---|---|\n",
+                    $("| `", stringify!($name), "` | ", $values, " | ", $default, " |\n",)*
+                )
+            };
+        }
+    };
+}
+
+options! {
+    scope Scope: Kind::Param, "user",
+        "a parameter name, or `\"global\"`", "**required**";
+    ttl Ttl: Kind::Duration { ms: false, zero: Some(": a key forgotten at once protects nothing"), year: true }, "24h",
+        "duration, > 0, ≤ `\"366d\"`", "`\"24h\"`";
+    retain Retain: Kind::Duration { ms: false, zero: Some(""), year: true }, "7d",
+        "duration, ≥ `ttl`, ≤ `\"366d\"`", "`\"7d\"` (or `ttl` if longer)";
+    lease Lease: Kind::Duration { ms: true, zero: Some(": a claim must be held while the handler runs"), year: false }, "30s",
+        "duration (`ms` allowed), > 0", "`\"30s\"`";
+    wait Wait: Kind::Duration { ms: true, zero: None, year: false }, "10s",
+        "duration (`ms` allowed), may be `\"0s\"`", "`\"10s\"`";
+    missing_key MissingKey: Kind::Choice("MissingKey", values::MISSING_KEY), "reject",
+        "`\"reject\"`, `\"pass\"`, `\"derive\"`", "`\"reject\"`";
+    derive_window DeriveWindow: Kind::Duration { ms: false, zero: Some(""), year: false }, "10s",
+        "duration, > 0, ≤ `ttl`; only with `missing_key = \"derive\"`", "`\"10s\"`";
+    reject_after RejectAfter: Kind::Date, "2027-03-01",
+        "date `\"YYYY-MM-DD\"`; only with `missing_key = \"pass\"`", "none";
+    replay Replay: Kind::Choice("ReplayMode", values::REPLAY), "full",
+        "`\"full\"`, `\"minimal\"`", "`\"full\"`";
+    server_errors ServerErrors: Kind::Choice("ServerErrors", values::SERVER_ERRORS), "release",
+        "`\"release\"`, `\"store\"`", "`\"release\"`";
+    policy Policy: Kind::Path, "PAYMENTS",
+        "path of a `const` [`Policy`]", "`Policy::new()`";
+    max_body MaxBody: Kind::Size, "1MiB",
+        "size: `\"<n>B\"`, `\"KiB\"`, `\"MiB\"`, `\"GiB\"`, > 0, ≤ `\"1GiB\"`", "`\"1MiB\"`";
+    transaction Transaction: Kind::Param, "tx",
+        "a parameter name, of type `idem_runtime::Tx<Postgres>` or `Tx<Sqlite>`", "none";
+}

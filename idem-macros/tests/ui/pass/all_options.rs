@@ -1,0 +1,35 @@
+// Every option at once.
+#![deny(warnings)]
+#[path = "../support.rs"]
+mod support;
+
+use axum::Json;
+use idem_runtime::idempotent;
+use support::{AuthUser, NewPayment};
+
+#[idempotent(
+    scope = "user",
+    ttl = "12h",
+    retain = "30d",
+    lease = "1500ms",
+    wait = "0s",
+    missing_key = "derive",
+    derive_window = "30s",
+    replay = "minimal",
+    server_errors = "store",
+    max_body = "256KiB",
+)]
+async fn create(user: AuthUser, Json(req): Json<NewPayment>) -> Json<NewPayment> {
+    let _ = user.id;
+    Json(req)
+}
+
+#[idempotent(scope = "user", missing_key = "pass", reject_after = "2028-02-29", wait = "250ms", max_body = "2MiB")]
+async fn migrate(user: AuthUser, body: axum::body::Bytes) -> String {
+    format!("{} {}", user.id, body.len())
+}
+
+fn main() {
+    let _ = support::route(create);
+    let _ = support::route(migrate);
+}
