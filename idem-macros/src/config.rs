@@ -428,7 +428,7 @@ fn resolve_transaction(
     }
     if let Type::Reference(r) = &*pt.ty {
         let (tx, ty) = (&pi.ident, compact(&r.elem.to_token_stream()));
-        errors.at(r, format!("the `transaction` parameter takes the transaction by value: write `{tx}: {ty}` and run queries on `&mut *{tx}`"));
+        errors.at(r, format!("the `transaction` parameter takes the transaction by value: write `{tx}: {ty}` and run queries on `{tx}.conn().await?`"));
         return None;
     }
     Some(index)

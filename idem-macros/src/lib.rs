@@ -226,16 +226,16 @@ use proc_macro::TokenStream;
 /// ## `transaction = "<parameter>"`: exactly once, in the application's transaction
 ///
 /// Names a parameter of type `idem_runtime::Tx<Postgres>` or `Tx<Sqlite>` (from
-/// `idem_runtime::sqlx`). That parameter is no extractor: idem opens a transaction on the store's
-/// pool, claims the key *inside it*, hands it to the handler for its own writes (`&mut *tx`), then
-/// writes the response into the record and commits. The business writes, the claim and the stored
-/// response commit together or not at all, so a crash at any point never loses nor repeats the
-/// effect, and no extra commit is paid. A 5xx, a panic or a cancelled request rolls everything
-/// back; a failed commit answers 503 instead of the handler's response. Identical requests arriving
-/// meanwhile wait for the original's transaction to end (up to `wait`; in this process without
-/// holding a connection), then replay, or after a rollback one of them runs. Replays, mismatches
-/// and expired keys are answered from a plain read and never open a transaction. See
-/// `idem_runtime::transaction`.
+/// `idem_runtime::sqlx`). That parameter is no extractor: it is a transaction on the store's pool
+/// that begins at its first use (`tx.conn().await?`). After the handler returns, idem stores the
+/// response in that transaction and commits: the handler's writes and the stored response commit
+/// together or not at all. The key is claimed first, in a commit of its own, so that duplicates
+/// wait for it without holding a connection, and nothing holds a database lock while the handler
+/// calls other services: make those calls before the first `tx.conn()`, passing them the
+/// `Attempt` extractor's downstream key. A crash before the commit leaves no write behind and the
+/// retry takes the key over once its lease runs out; after it, the retry replays. A 5xx or a
+/// panic rolls the transaction back and releases the key; a failed commit answers 503 instead of
+/// the handler's response. See `idem_runtime::transaction`.
 ///
 /// The router state must provide the store's `idem_runtime::Transactional` engine (`FromRef`),
 /// which the application's tables share with idem's records (same database). A state without it
@@ -262,11 +262,15 @@ use proc_macro::TokenStream;
 ///
 /// #[idempotent(scope = "user", transaction = "tx")]
 /// async fn create_payment(user: AuthUser, mut tx: Tx<Sqlite>, body: String) -> StatusCode {
-///     let written = sqlx::query("INSERT INTO payments (owner, body) VALUES (?, ?)")
-///         .bind(&user.id)
-///         .bind(&body)
-///         .execute(&mut *tx)
-///         .await;
+///     // Calls to other services first, outside the transaction; then the writes.
+///     let written = match tx.conn().await {
+///         Ok(conn) => sqlx::query("INSERT INTO payments (owner, body) VALUES (?, ?)")
+///             .bind(&user.id)
+///             .bind(&body)
+///             .execute(conn)
+///             .await,
+///         Err(e) => Err(e),
+///     };
 ///     match written {
 ///         Ok(_) => StatusCode::CREATED,
 ///         Err(_) => StatusCode::INTERNAL_SERVER_ERROR, // 5xx: rolled back, a retry runs again

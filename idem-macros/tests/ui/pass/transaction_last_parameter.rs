@@ -12,7 +12,7 @@ use idem_runtime::{idempotent, Tx};
 async fn refund(tx: &mut Tx<Sqlite>, id: &str) -> Result<u64, sqlx::Error> {
     let done = sqlx::query("UPDATE payments SET status = 'refunded' WHERE id = ?")
         .bind(id)
-        .execute(&mut **tx)
+        .execute(tx.conn().await?)
         .await?;
     Ok(done.rows_affected())
 }

@@ -1,5 +1,5 @@
 // Transactional mode: the `tx` parameter (anywhere in the list) is no extractor; the body writes
-// through it with `&mut *tx`, and uses the other parameters as usual. No warnings.
+// through it with `tx.conn().await?`, and uses the other parameters as usual. No warnings.
 #![deny(warnings)]
 #[path = "../support.rs"]
 mod support;
@@ -23,7 +23,7 @@ async fn create_payment(
     sqlx::query("INSERT INTO payments (owner, amount) VALUES (?, ?)")
         .bind(&user.id)
         .bind(req.amount as i64)
-        .execute(&mut *tx)
+        .execute(tx.conn().await.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?)
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
     Ok((StatusCode::CREATED, format!("{name}: {} {}", req.amount, req.currency)))
