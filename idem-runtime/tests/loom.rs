@@ -627,6 +627,57 @@ fn a_takeover_and_a_late_completion_exactly_one_wins() {
     );
 }
 
+/// A renewal races a takeover at the moment the lease runs out: exactly one wins. Either the
+/// renewal lands first and the claim finds a live lease (no takeover), or the takeover lands first
+/// and the renewal is refused. A claim taken over is never renewed, and a takeover never happens
+/// once a renewal has landed.
+#[test]
+fn a_renewal_and_a_takeover_exactly_one_wins() {
+    explore(
+        "renewal vs takeover",
+        &["renewed first", "took over"],
+        |tally| {
+            let store = store_in_flight();
+            let at_lease_end = NOW + LEASE;
+            let renewal = {
+                let store = store.clone();
+                thread::spawn(move || {
+                    block_on(store.renew(&key(), FencingToken(1), at_lease_end + LEASE))
+                })
+            };
+            let k = key();
+            let took_over = match block_on(store.claim(&claim(&k, 2, at_lease_end))) {
+                Ok(ClaimOutcome::Claimed { taken_over }) => {
+                    assert!(taken_over, "the only way in is a takeover");
+                    true
+                }
+                Ok(ClaimOutcome::Existing(record)) => {
+                    assert_eq!(
+                        record.state,
+                        RecordState::InFlight {
+                            lease_until: at_lease_end + LEASE
+                        },
+                        "a claim refused only by the renewed lease"
+                    );
+                    false
+                }
+                Err(e) => panic!("the memory store failed: {e}"),
+            };
+            let renewed = renewal.join().expect("the renewer does not panic");
+            assert_eq!(
+                renewed.is_ok(),
+                !took_over,
+                "exactly one of renewal and takeover wins"
+            );
+            let record = block_on(store.get(&key(), at_lease_end))
+                .expect("the memory store does not fail")
+                .expect("the record stays");
+            assert_eq!(record.token, FencingToken(if took_over { 2 } else { 1 }));
+            tally.saw(if took_over { "took over" } else { "renewed first" });
+        },
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The engine's duplicate protocol
 // ---------------------------------------------------------------------------------------------
