@@ -142,7 +142,7 @@ where
             return Settled::Now(release_after_server_error(guard, &policy, response).await);
         }
         let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
-        Settled::Later(guard, stored, response)
+        Settled::Later(Box::new((guard, stored, response)))
     })
     .await
 }
@@ -194,11 +194,11 @@ where
                 return Settled::Now(release_after_server_error(guard, &policy, response).await);
             }
             let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
-            return Settled::Later(guard, stored, response);
+            return Settled::Later(Box::new((guard, stored, response)));
         }
         let (stored, mut response) = guard.keep_alive(respond::capture(response, &policy)).await;
         if !tx.is_begun() {
-            return Settled::Later(guard, stored, response);
+            return Settled::Later(Box::new((guard, stored, response)));
         }
         let expires_at = guard.expires_at();
         Settled::Now(match (TxClaim { guard, tx }).complete(&stored).await {
@@ -216,7 +216,7 @@ where
 /// How a detached run ends: with its response settled, or with a response still to store.
 enum Settled {
     Now(Response),
-    Later(ClaimGuard, StoredResponse, Response),
+    Later(Box<(ClaimGuard, StoredResponse, Response)>),
 }
 
 /// Runs `work` on the engine's task set and answers with its response. A response still to be
@@ -230,7 +230,7 @@ where
     engine.spawn(async move {
         let (guard, stored, mut response) = match work.await {
             Settled::Now(response) => return drop(reply.send(response)),
-            Settled::Later(guard, stored, response) => (guard, stored, response),
+            Settled::Later(later) => *later,
         };
         match guard.try_complete(&stored).await {
             Ok(()) => {
