@@ -235,11 +235,11 @@ impl Engine {
         let (outcome, handler) = (outcome.as_str(), policy.handler);
         match outcome {
             "executed" | "replayed" | "waited" => tracing::debug!(target: "idem", outcome,
-                handler, scope = %key.scope, key = %key.key, "idempotency decision"),
+                handler, scope = %key.scope(), key = %key.key(), "idempotency decision"),
             "unavailable" | "busy" => tracing::warn!(target: "idem", outcome, handler,
-                scope = %key.scope, key = %key.key, "idempotency decision"),
-            _ => tracing::info!(target: "idem", outcome, handler, scope = %key.scope,
-                key = %key.key, "idempotency decision"),
+                scope = %key.scope(), key = %key.key(), "idempotency decision"),
+            _ => tracing::info!(target: "idem", outcome, handler, scope = %key.scope(),
+                key = %key.key(), "idempotency decision"),
         }
     }
 
@@ -525,8 +525,8 @@ impl ClaimGuard {
                 matches!(self.reclaim().await, Standing::Held)
             }
             Err(e) => {
-                tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
-                    key = %self.key.key, error = %e, "could not renew the claim's lease");
+                tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope(),
+                    key = %self.key.key(), error = %e, "could not renew the claim's lease");
                 true
             }
         }
@@ -565,14 +565,14 @@ impl ClaimGuard {
                 Standing::Completed
             }
             Some(_) => {
-                tracing::error!(target: "idem", handler = self.handler, scope = %self.key.scope,
-                    key = %self.key.key, "the claim was taken over while its work was running (its lease could not be renewed)");
+                tracing::error!(target: "idem", handler = self.handler, scope = %self.key.scope(),
+                    key = %self.key.key(), "the claim was taken over while its work was running (its lease could not be renewed)");
                 Standing::Lost
             }
             None => match engine.call("claim", store.claim(&claim)).await {
                 Ok(ClaimOutcome::Claimed { .. }) => {
-                    tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
-                        key = %self.key.key, "the store lost a running claim's record; claimed it again");
+                    tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope(),
+                        key = %self.key.key(), "the store lost a running claim's record; claimed it again");
                     Standing::Held
                 }
                 Ok(ClaimOutcome::Existing(_)) => Standing::Lost,
@@ -601,8 +601,8 @@ impl ClaimGuard {
                 .inner
                 .metrics
                 .record(Outcome::CompletionFailed, self.handler);
-            tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope,
-                key = %self.key.key, error = %e, "response could not be stored");
+            tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope(),
+                key = %self.key.key(), error = %e, "response could not be stored");
         }
         result
     }

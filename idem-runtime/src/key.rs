@@ -2,7 +2,9 @@
 //!
 //! A key is 1 to 255 visible ASCII characters (`!` to `~`). The IETF draft sends the key as a
 //! structured-field string (`"8e03978e-…"`); that form names the same key as the bare characters, so
-//! `"abc"` and `abc` are one key.
+//! `"abc"` and `abc` are one key. A bare key may not contain a comma: a proxy that merges two
+//! `Idempotency-Key` lines into one joins them with one, so `a,b` is refused rather than taken for
+//! a key; quoted, `"a,b"` is the key `a,b`.
 
 use std::fmt;
 
@@ -22,6 +24,8 @@ pub const MAX_KEY_LEN: usize = 255;
 /// let quoted = IdempotencyKey::parse(b"\"order-42\"").unwrap();
 /// assert_eq!(bare, quoted);
 /// assert!(IdempotencyKey::parse(b"has space").is_err());
+/// assert!(IdempotencyKey::parse(b"a,b").is_err()); // two keys merged by a proxy
+/// assert_eq!(IdempotencyKey::parse(b"\"a,b\"").unwrap().as_str(), "a,b");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
@@ -45,6 +49,10 @@ pub enum KeyError {
     /// The header was sent more than once.
     #[error("the Idempotency-Key header was sent more than once")]
     Repeated,
+    /// A bare (unquoted) value with a comma: what a proxy makes of two header lines it merged. A key
+    /// with a comma must be sent quoted (`"a,b"`).
+    #[error("the Idempotency-Key has an unquoted comma, as when two Idempotency-Key headers are merged into one; send one key, or quote a key that contains a comma")]
+    UnquotedComma,
 }
 
 impl IdempotencyKey {
@@ -53,6 +61,7 @@ impl IdempotencyKey {
         let raw = trim_ows(raw);
         let key = match raw.first() {
             Some(b'"') => unquote(raw)?,
+            _ if raw.contains(&b',') => return Err(KeyError::UnquotedComma),
             _ => raw.to_vec(),
         };
         if key.is_empty() {

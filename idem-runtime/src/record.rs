@@ -8,21 +8,60 @@ use std::borrow::Cow;
 use std::fmt;
 
 /// A key as stored: the caller's scope plus the client's key. Two scopes never share a record.
+///
+/// Both parts come from callers (a scope is often a user or tenant id, taken from a token), so
+/// each is bounded to [`MAX_PART`] bytes whatever they send: a longer part is stored as its first
+/// bytes, kept readable for operators, then its SHA-256, exactly `MAX_PART + 1` bytes in all. A
+/// part kept as it is never reaches that length, so no two different (scope, key) pairs share a
+/// stored key, and every store's limits hold (PostgreSQL's index rows, Redis keys).
+///
+/// ```
+/// use idem_runtime::RecordKey;
+/// let long = "u".repeat(3000);
+/// let key = RecordKey::new(long.clone(), "order-42");
+/// assert_eq!(key.scope().len(), RecordKey::MAX_PART + 1);
+/// assert!(key.scope().starts_with("uuuu"));
+/// assert_ne!(key, RecordKey::new(long + "v", "order-42"));
+/// assert_eq!(RecordKey::new("user-7", "order-42").scope(), "user-7");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecordKey {
-    /// Who is asking: a user or tenant id, or `"global"` for handlers that opted out of scoping.
-    pub scope: String,
-    /// The client's `Idempotency-Key` (or a derived key).
-    pub key: String,
+    scope: String,
+    key: String,
 }
 
 impl RecordKey {
-    /// A key for `key` within `scope`.
+    /// The longest scope or key stored as it is, in bytes.
+    pub const MAX_PART: usize = 255;
+
+    /// A key for `key` within `scope`, each part bounded to [`MAX_PART`](Self::MAX_PART) bytes.
     pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Self {
         Self {
-            scope: scope.into(),
-            key: key.into(),
+            scope: bounded(scope.into()),
+            key: bounded(key.into()),
         }
+    }
+
+    /// A key derived from the request itself (`missing_key = "derive"`): in a namespace of its
+    /// own, which no `Idempotency-Key` header can name (a client's key never holds a space).
+    pub fn derived(scope: impl Into<String>, fingerprint_hex: &str) -> Self {
+        Self::new(scope, format!("derived {fingerprint_hex}"))
+    }
+
+    /// A key read back from a store, already bounded.
+    pub(crate) fn stored(scope: String, key: String) -> Self {
+        Self { scope, key }
+    }
+
+    /// Who is asking (bounded): a user or tenant id, or `"global"` for handlers that opted out of
+    /// scoping.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The client's `Idempotency-Key`, or a derived key (bounded).
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     /// A key to pass on to the services this request's handler calls (a payment provider's own
@@ -49,6 +88,30 @@ impl RecordKey {
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         format!("idem_{hex}")
     }
+}
+
+/// `part` as stored: itself up to `MAX_PART` bytes, else its readable head and its SHA-256 in
+/// exactly `MAX_PART + 1` bytes.
+fn bounded(part: String) -> String {
+    if part.len() <= RecordKey::MAX_PART {
+        return part;
+    }
+    use sha2::{Digest, Sha256};
+    let hex: String = Sha256::digest(part.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // The head, cut on a character boundary, padded to the fixed length with `~`.
+    let room = RecordKey::MAX_PART + 1 - hex.len() - 1;
+    let mut cut = room;
+    while !part.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut out = String::with_capacity(RecordKey::MAX_PART + 1);
+    out.push_str(&part[..cut]);
+    out.extend(std::iter::repeat_n('~', room - cut + 1));
+    out.push_str(&hex);
+    out
 }
 
 impl fmt::Display for RecordKey {

@@ -249,7 +249,7 @@ async fn only_awaited_records_are_notified() {
         sentinel(&pool).await;
         let named: (String, String) =
             serde_json::from_str(&next().await).expect("the key's payload");
-        assert_eq!(named, (key.scope.clone(), key.key.clone()));
+        assert_eq!(named, (key.scope().to_owned(), key.key().to_owned()));
         assert_eq!(next().await, "sentinel", "one notification per change");
     }
 }
@@ -268,8 +268,8 @@ async fn replays_do_not_write() {
             "SELECT xmin::text AS xmin, ctid::text AS ctid FROM idem.records \
              WHERE scope = $1 AND key = $2",
         )
-        .bind(&key.scope)
-        .bind(&key.key)
+        .bind(&key.scope())
+        .bind(&key.key())
         .fetch_one(&pool)
         .await
         .expect("row version");
@@ -438,8 +438,8 @@ async fn undecodable_record_is_corrupt() {
          (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
          VALUES ($1, $2, $3, 1, 0, $4, $4, 'in_flight', 0)",
     )
-    .bind(&key.scope)
-    .bind(&key.key)
+    .bind(&key.scope())
+    .bind(&key.key())
     .bind(&[1u8, 2, 3][..])
     .bind(T0.as_millis() + 1)
     .execute(store.pool())
@@ -473,8 +473,8 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
          (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_flight', $8)",
     )
-    .bind(&key.scope)
-    .bind(&key.key)
+    .bind(&key.scope())
+    .bind(&key.key())
     .bind(fp("a").0.as_slice())
     .bind(theirs.0)
     .bind(T0.as_millis())

@@ -43,7 +43,8 @@ use tokio::sync::oneshot;
 enum KeyDecision {
     /// The client's key.
     Given(IdempotencyKey),
-    /// No key; one derived from the request, under the derive-window policy.
+    /// No key; one derived from the request (its fingerprint, in hex), under the derive-window
+    /// policy.
     Derived(String),
     /// No key; run unprotected.
     Pass,
@@ -98,7 +99,7 @@ fn keyed(
         // The derived key lives for the window only and leaves no tombstone: after the window,
         // the same request is a new request, not an expired key.
         Ok(KeyDecision::Derived(key)) => Keyed::Key(
-            RecordKey::new(scope, key),
+            RecordKey::derived(scope, &key),
             fingerprint,
             KeyPolicy::Derived(Box::new(
                 policy
@@ -242,7 +243,7 @@ where
                 let _ = reply.send(response);
                 let key = guard.key().clone();
                 if let Err(error) = guard.complete(&stored).await {
-                    tracing::error!(target: "idem", scope = %key.scope, key = %key.key, %error,
+                    tracing::error!(target: "idem", scope = %key.scope(), key = %key.key(), %error,
                         "the response was never stored");
                 }
             }
@@ -284,8 +285,8 @@ async fn claim(
 async fn panicked(guard: ClaimGuard, policy: &Policy) -> Response {
     let key = guard.key().clone();
     if let Err(error) = guard.release().await {
-        tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
-            key = %key.key, %error, "could not release the key after a panic; a retry can run once its lease runs out");
+        tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope(),
+            key = %key.key(), %error, "could not release the key after a panic; a retry can run once its lease runs out");
     }
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
@@ -375,10 +376,7 @@ fn missing_key(
     match (policy.missing_key, deadline) {
         (MissingKey::Derive, _) => {
             note(Outcome::KeyDerived);
-            Ok(KeyDecision::Derived(format!(
-                "derived-{}",
-                fingerprint.to_hex()
-            )))
+            Ok(KeyDecision::Derived(fingerprint.to_hex()))
         }
         (MissingKey::Pass, None) => {
             note(Outcome::MissingKeyPassed);
@@ -415,12 +413,12 @@ async fn release_after_server_error(
         Ok(()) => {}
         // Another request took the key over after this one's lease ran out: it is theirs now.
         Err(error) if error.kind() == StoreErrorKind::Fenced => {
-            tracing::debug!(target: "idem", handler = policy.handler, scope = %key.scope,
-                key = %key.key, "the key was taken over before it could be released");
+            tracing::debug!(target: "idem", handler = policy.handler, scope = %key.scope(),
+                key = %key.key(), "the key was taken over before it could be released");
         }
         Err(error) => {
-            tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope,
-                key = %key.key, %error, "could not release the key after a server error; a retry can run once its lease runs out");
+            tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope(),
+                key = %key.key(), %error, "could not release the key after a server error; a retry can run once its lease runs out");
         }
     }
     response

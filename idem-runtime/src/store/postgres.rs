@@ -72,9 +72,8 @@
 //! payload is the JSON array `[scope, key]`. Each store runs one background task holding a
 //! [`PgListener`] on its own connection (not one of the pool's); for each notification it wakes that
 //! key's local subscribers.
-//! PostgreSQL limits payloads to 8000 bytes: for a key whose payload would be longer (only possible
-//! with a scope of several kilobytes), the payload is `*`, which wakes every waiter of every instance;
-//! each re-reads its record, finds it unchanged and waits again. [`PostgresStore::from_pool`] and
+//! PostgreSQL limits payloads to 8000 bytes, which a payload of two bounded parts
+//! ([`RecordKey::MAX_PART`]) never reaches. [`PostgresStore::from_pool`] and
 //! [`PostgresStore::connect`] return once the listener listens, so no waiter subscribes before it
 //! does; whenever it reconnects (or first listens after a constructor that did not wait for it),
 //! notifications may have been missed, so it wakes every local waiter to re-read its record. While
@@ -120,12 +119,6 @@ fn migrator() -> Migrator {
 /// a pathological loop.
 const MAX_CLAIM_ATTEMPTS: usize = 16;
 
-/// PostgreSQL's payload limit is 8000 bytes; keep a margin.
-const MAX_PAYLOAD: usize = 7_900;
-
-/// The payload that wakes every waiter.
-const WAKE_ALL: &str = "*";
-
 /// Serialises schema creation between processes starting at once (an arbitrary constant).
 const SCHEMA_LOCK: i64 = 0x6964_656d_5f73_6368; // "idem_sch"
 
@@ -159,8 +152,8 @@ pub fn bind_claim<'q>(
     claim: &'q Claim<'q>,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
-        .bind(&claim.key.scope)
-        .bind(&claim.key.key)
+        .bind(claim.key.scope())
+        .bind(claim.key.key())
         .bind(claim.fingerprint.0.as_slice())
         .bind(claim.token.0)
         .bind(claim.now.as_millis())
@@ -507,8 +500,8 @@ impl Store for PostgresStore {
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
         let done = sqlx::query(RENEW)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(token.0)
             .bind(lease_until.as_millis())
             .execute(&mut *self.acquire().await?)
@@ -657,8 +650,8 @@ mod ops {
         seen: FencingToken,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(TAKE_OVER)
-            .bind(&claim.key.scope)
-            .bind(&claim.key.key)
+            .bind(claim.key.scope())
+            .bind(claim.key.key())
             .bind(claim.token.0)
             .bind(claim.lease_until.as_millis())
             .bind(seen.0)
@@ -679,8 +672,8 @@ mod ops {
         // `SELECT CASE … pg_notify(...) END FROM completed` returns one row per completed record,
         // notified or not.
         let done = sqlx::query(COMPLETE)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(token.0)
             .bind(i32::from(response.status))
             .bind(response.encode_headers())
@@ -697,8 +690,8 @@ mod ops {
         key: &RecordKey,
     ) -> Result<(), StoreError> {
         sqlx::query(ANNOUNCE)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .execute(&mut *conn)
             .await
             ?;
@@ -711,8 +704,8 @@ mod ops {
         token: FencingToken,
     ) -> Result<(), StoreError> {
         let done = sqlx::query(RELEASE)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(token.0)
             .bind(payload(key))
             .execute(&mut *conn)
@@ -727,8 +720,8 @@ mod ops {
         now: Timestamp,
     ) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(GET)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(now.as_millis())
             .fetch_optional(&mut *conn)
             .await
@@ -759,23 +752,16 @@ mod ops {
     }
 }
 
-/// The notification payload for `key`: `[scope, key]` as JSON, or [`WAKE_ALL`] if that would exceed
-/// PostgreSQL's payload limit.
+/// The notification payload for `key`: `[scope, key]` as JSON. Both parts are bounded
+/// ([`RecordKey::MAX_PART`]), so it stays far below PostgreSQL's 8000-byte limit.
 fn payload(key: &RecordKey) -> String {
-    match serde_json::to_string(&(&key.scope, &key.key)) {
-        Ok(p) if p.len() <= MAX_PAYLOAD => p,
-        _ => WAKE_ALL.to_owned(),
-    }
+    serde_json::to_string(&(key.scope(), key.key())).unwrap_or_default()
 }
 
 /// Wakes the waiters a notification payload names.
 fn deliver(waiters: &Waiters, payload: &str) {
-    if payload == WAKE_ALL {
-        waiters.notify_all();
-        return;
-    }
     match serde_json::from_str::<(String, String)>(payload) {
-        Ok((scope, key)) => waiters.notify(&RecordKey { scope, key }),
+        Ok((scope, key)) => waiters.notify(&RecordKey::stored(scope, key)),
         Err(e) => tracing::debug!(
             target: "idem", error = %e, "ignoring a malformed notification on {CHANNEL}"
         ),
@@ -885,10 +871,11 @@ mod tests {
         let p = payload(&key);
         assert_eq!(
             serde_json::from_str::<(String, String)>(&p).unwrap(),
-            (key.scope.clone(), key.key.clone())
+            (key.scope().to_owned(), key.key().to_owned())
         );
-        let huge = RecordKey::new("s".repeat(MAX_PAYLOAD), "k");
-        assert_eq!(payload(&huge), WAKE_ALL);
+        // The longest parts, each character escaped as six bytes, are still far below the limit.
+        let huge = RecordKey::new("\u{1}".repeat(10_000), "\u{1}".repeat(10_000));
+        assert!(payload(&huge).len() < 8000);
     }
 
     #[test]
@@ -899,7 +886,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn deliver_wakes_the_named_key_or_everyone() {
+    async fn deliver_wakes_the_named_key_only() {
         let waiters = Waiters::new();
         let a = RecordKey::new("s", "a");
         let b = RecordKey::new("s", "b");
@@ -910,8 +897,7 @@ mod tests {
         let b_woken = tokio::time::timeout(Duration::ZERO, sub_b.changed()).await;
         assert!(b_woken.is_err(), "only a was named");
         deliver(&waiters, "not json");
-        deliver(&waiters, WAKE_ALL);
-        sub_a.changed().await;
+        deliver(&waiters, &payload(&b));
         sub_b.changed().await;
     }
 }

@@ -301,8 +301,8 @@ impl SqliteStore {
 
     async fn fetch(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(SELECT)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(now.as_millis())
             .fetch_optional(&self.pool)
             .await
@@ -380,8 +380,8 @@ impl Store for SqliteStore {
             let won = {
                 let _gate = self.shared.write_gate.lock().await;
                 sqlx::query(CLAIM)
-                    .bind(&claim.key.scope)
-                    .bind(&claim.key.key)
+                    .bind(claim.key.scope())
+                    .bind(claim.key.key())
                     .bind(&claim.fingerprint.0[..])
                     .bind(claim.token.0)
                     .bind(claim.now.as_millis())
@@ -422,8 +422,8 @@ impl Store for SqliteStore {
         let done = {
             let _gate = self.shared.write_gate.lock().await;
             sqlx::query(COMPLETE)
-                .bind(&key.scope)
-                .bind(&key.key)
+                .bind(key.scope())
+                .bind(key.key())
                 .bind(token.0)
                 .bind(i64::from(response.status))
                 .bind(response.encode_headers())
@@ -443,8 +443,8 @@ impl Store for SqliteStore {
         let done = {
             let _gate = self.shared.write_gate.lock().await;
             sqlx::query(RELEASE)
-                .bind(&key.scope)
-                .bind(&key.key)
+                .bind(key.scope())
+                .bind(key.key())
                 .bind(token.0)
                 .execute(&self.pool)
                 .await
@@ -465,8 +465,8 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let _gate = self.shared.write_gate.lock().await;
         let done = sqlx::query(RENEW)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(token.0)
             .bind(lease_until.as_millis())
             .execute(&self.pool)
@@ -516,8 +516,8 @@ impl TransactionalStore for SqliteStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let done = sqlx::query(COMPLETE)
-            .bind(&key.scope)
-            .bind(&key.key)
+            .bind(key.scope())
+            .bind(key.key())
             .bind(token.0)
             .bind(i64::from(response.status))
             .bind(response.encode_headers())
