@@ -89,15 +89,19 @@ async fn two_hundred_keys_sent_sixteen_times_to_two_instances_on_postgres() {
         .expect("join");
     let elapsed = started.elapsed();
 
-    let statuses: Vec<i64> = replies.iter().map(|(_, r)| i64::from(r.status)).collect();
-    println!(
-        "{} requests in {elapsed:?}; replies by status: {:?}",
-        KEYS * COPIES,
-        histogram(&statuses)
-    );
+    // Replies by status and, for a problem, its type: what a failure below is made of.
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    for (_, reply) in &replies {
+        let problem = serde_json::from_str::<serde_json::Value>(&reply.body)
+            .ok()
+            .and_then(|body| body["type"].as_str().map(str::to_owned));
+        let outcome = format!("{} {}", reply.status, problem.unwrap_or_default());
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    println!("{} requests in {elapsed:?}: {outcomes:?}", KEYS * COPIES);
     assert!(
         replies.iter().all(|(_, r)| r.status != 503),
-        "no request refused"
+        "no request refused: {outcomes:?}"
     );
     let effects = Effects::of(&client, &instances[0], &user).await;
     assert_eq!(effects.assert_each_once(KEYS), [1; KEYS]);

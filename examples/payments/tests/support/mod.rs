@@ -183,10 +183,13 @@ impl Reply {
     }
 }
 
-/// One client for a test; no retries of its own.
+/// One client for a test; no retries of its own. It drops idle connections before the server
+/// closes them (`HEADER_TIMEOUT_MS`, 10 s by default), so that no request is sent on a connection
+/// the server is closing at that moment.
 pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
+        .pool_idle_timeout(Duration::from_secs(5))
         .build()
         .expect("client")
 }
