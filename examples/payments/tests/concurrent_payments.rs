@@ -1,0 +1,115 @@
+//! Many payments at once. On the default configuration (SQLite, transactional) distinct keys run
+//! side by side, not one after another; on PostgreSQL, two instances take 200 keys sent 16 times
+//! each without refusing any request, and make exactly one charge and one payment per key.
+//!
+//! Speed is not asserted: the first test shows that payments overlap by counting what is in flight
+//! (charged by the network, not yet in the ledger), and prints the elapsed time for information.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_keys_run_side_by_side_on_the_default_configuration() {
+    const KEYS: usize = 50;
+    let stores = Stores::sqlite().await;
+    let instance = stores.start(&[("PAYMENT_LATENCY_MS", "300")]);
+    let client = client();
+    let user = fresh_user();
+    let answered = Arc::new(AtomicBool::new(false));
+
+    let started = Instant::now();
+    let sends: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let (client, base, user) = (client.clone(), instance.base().to_owned(), user.clone());
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let reply = try_create(&client, &base, &user, &key(i), &body(i)).await;
+                answered.store(true, Ordering::SeqCst);
+                reply
+            })
+        })
+        .collect();
+    // Payments in flight at a moment: charged by the network, not yet in the ledger. Payments only
+    // grow, so charges read before payments give a lower bound. Run one at a time, they are at most 1.
+    let mut peak = 0;
+    let mut all_charged_before_an_answer = false;
+    while sends.iter().any(|s| !s.is_finished()) {
+        let charged = charges(&client, &instance, &user).await.len();
+        let paid = payments(&client, &instance, &user).await.len();
+        peak = peak.max(charged.saturating_sub(paid));
+        if charged == KEYS && !answered.load(Ordering::SeqCst) {
+            all_charged_before_an_answer = true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut replies = Vec::new();
+    for send in sends {
+        replies.push(send.await.expect("join").expect("a reply"));
+    }
+    let elapsed = started.elapsed();
+    for reply in &replies {
+        assert_eq!(reply.status, 201, "{}", reply.body);
+        assert!(!reply.replayed());
+    }
+    let effects = Effects::of(&client, &instance, &user).await;
+    assert_eq!(effects.assert_each_once(KEYS), [1; KEYS]);
+    println!(
+        "{KEYS} payments of 300 ms each in {elapsed:?}; at most {peak} seen in flight at once; \
+         all charged before the first answer: {all_charged_before_an_answer}"
+    );
+    assert!(peak > 1, "payments with distinct keys ran one at a time");
+}
+
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_keys_sent_sixteen_times_to_two_instances_on_postgres() {
+    const KEYS: usize = 200;
+    const COPIES: usize = 16;
+    let stores = Stores::postgres().await;
+    let instances = stores.start_many(2, &[("PAYMENT_LATENCY_MS", "400")]);
+    let client = client();
+    let user = fresh_user();
+
+    let started = Instant::now();
+    let sends = (0..KEYS * COPIES).map(|n| {
+        let (client, user) = (client.clone(), user.clone());
+        let base = instances[n % 2].base().to_owned();
+        tokio::spawn(async move {
+            let i = n / COPIES;
+            let reply = try_create(&client, &base, &user, &key(i), &body(i)).await;
+            (i, reply.expect("a reply"))
+        })
+    });
+    let replies = futures_util::future::try_join_all(sends)
+        .await
+        .expect("join");
+    let elapsed = started.elapsed();
+
+    // Replies by status and, for a problem, its type: what a failure below is made of.
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    for (_, reply) in &replies {
+        let problem = serde_json::from_str::<serde_json::Value>(&reply.body)
+            .ok()
+            .and_then(|body| body["type"].as_str().map(str::to_owned));
+        let outcome = format!("{} {}", reply.status, problem.unwrap_or_default());
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    println!("{} requests in {elapsed:?}: {outcomes:?}", KEYS * COPIES);
+    assert!(
+        replies.iter().all(|(_, r)| r.status != 503),
+        "no request refused: {outcomes:?}"
+    );
+    let effects = Effects::of(&client, &instances[0], &user).await;
+    assert_eq!(effects.assert_each_once(KEYS), [1; KEYS]);
+    let mut runs = vec![0; KEYS];
+    for (i, reply) in &replies {
+        assert_eq!(reply.status, 201, "{}: {}", key(*i), reply.body);
+        assert_eq!(reply.json(), *effects.payment(*i), "{}", key(*i));
+        runs[*i] += usize::from(!reply.replayed());
+    }
+    assert_eq!(runs, [1; KEYS], "each key ran once, its copies replayed");
+}
