@@ -59,7 +59,8 @@ use tracing::Instrument;
 pub(crate) const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How long a failed completion waits before its next attempt, at first and at most.
-const COMPLETION_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+const COMPLETION_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(5));
 
 /// The idempotency engine: a store, a clock, counters and the set of handlers it runs. Cheap to
 /// clone.
@@ -589,7 +590,10 @@ impl ClaimGuard {
         let store = engine.inner.store.as_ref();
         let complete = || store.complete(&self.key, self.token, response);
         let mut result = engine.call("complete", complete()).await;
-        if result.as_ref().is_err_and(|e| e.kind() == StoreErrorKind::Fenced) {
+        if result
+            .as_ref()
+            .is_err_and(|e| e.kind() == StoreErrorKind::Fenced)
+        {
             match self.reclaim().await {
                 Standing::Held => result = engine.call("complete", complete()).await,
                 Standing::Completed => result = Ok(()),
@@ -618,10 +622,11 @@ impl ClaimGuard {
                 let mut backoff = COMPLETION_BACKOFF.0;
                 loop {
                     match self.try_complete(response).await {
-                        Err(e) if matches!(
-                            e.kind(),
-                            StoreErrorKind::Unavailable | StoreErrorKind::Busy
-                        ) =>
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                StoreErrorKind::Unavailable | StoreErrorKind::Busy
+                            ) =>
                         {
                             tokio::time::sleep(backoff).await;
                             backoff = (backoff * 2).min(COMPLETION_BACKOFF.1);

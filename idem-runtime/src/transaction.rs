@@ -395,7 +395,11 @@ mod tests {
     use crate::store::sqlite::SqliteStore;
 
     async fn handle() -> Tx<sqlx::Sqlite> {
-        let store = Arc::new(SqliteStore::connect("sqlite::memory:").await.expect("store"));
+        let store = Arc::new(
+            SqliteStore::connect("sqlite::memory:")
+                .await
+                .expect("store"),
+        );
         let txn = Transactional::new(Engine::from_arc(store.clone()), store).expect("same store");
         txn.tx()
     }

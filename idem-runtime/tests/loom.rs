@@ -673,7 +673,11 @@ fn a_renewal_and_a_takeover_exactly_one_wins() {
                 .expect("the memory store does not fail")
                 .expect("the record stays");
             assert_eq!(record.token, FencingToken(if took_over { 2 } else { 1 }));
-            tally.saw(if took_over { "took over" } else { "renewed first" });
+            tally.saw(if took_over {
+                "took over"
+            } else {
+                "renewed first"
+            });
         },
     );
 }

@@ -219,10 +219,8 @@ async fn soak<S: Store + Purge>(
     ))
     .await
     .expect("ledger");
-    let card = payments::card::CardNetwork::new(
-        ledger.database().clone(),
-        Duration::from_millis(2),
-    );
+    let card =
+        payments::card::CardNetwork::new(ledger.database().clone(), Duration::from_millis(2));
     let router = payments::router(payments::AppState {
         engine,
         ledger: ledger.clone(),

@@ -661,7 +661,9 @@ pub async fn dropped_claim_is_released_only_on_a_panic<B: Backend>(b: B) {
     assert!(h.get(&key).await.is_none());
 
     let key = fresh_key();
-    drop(execute(h.engine.begin(key.clone(), fp("a"), &policy()).await));
+    drop(execute(
+        h.engine.begin(key.clone(), fp("a"), &policy()).await,
+    ));
     let held = h.engine.begin(key.clone(), fp("a"), &policy()).await;
     assert!(matches!(held, Err(Rejection::InFlight { .. })), "{held:?}");
     h.clock.advance(LEASE);
@@ -697,7 +699,10 @@ pub async fn renewal_moves_the_lease_of_the_current_claim_only<B: Backend>(b: B)
     h.clock.advance(LEASE);
     let heir = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     assert!(heir.taken_over());
-    let late = h.store.renew(&key, guard.token(), h.clock.now() + LEASE).await;
+    let late = h
+        .store
+        .renew(&key, guard.token(), h.clock.now() + LEASE)
+        .await;
     assert_eq!(late.expect_err("fenced").kind(), StoreErrorKind::Fenced);
     let token = heir.token();
     heir.complete(&response("a")).await.expect("complete");
@@ -717,7 +722,10 @@ pub async fn a_lost_record_is_claimed_back_by_its_completion<B: Backend>(b: B) {
     // The record vanishes under the holder (here by its own token, as a flush would).
     h.store.release(&key, guard.token()).await.expect("vanish");
     assert!(h.get(&key).await.is_none());
-    guard.complete(&response("a")).await.expect("claimed back and completed");
+    guard
+        .complete(&response("a"))
+        .await
+        .expect("claimed back and completed");
     assert_eq!(
         replay(h.engine.begin(key, fp("a"), &policy()).await).response,
         response("a")

@@ -229,7 +229,14 @@ async fn cut_connections(store: Arc<dyn Store>, proxy: &Proxy) {
     let cases = [
         ("claim", Cut::Before, Unavailable503, Fresh, Replay, 1),
         ("claim", Cut::After, Unavailable503, Conflict409, Fresh, 1),
-        ("complete", Cut::Before, FreshUnremembered, Replay, Replay, 1),
+        (
+            "complete",
+            Cut::Before,
+            FreshUnremembered,
+            Replay,
+            Replay,
+            1,
+        ),
         ("complete", Cut::After, FreshUnremembered, Replay, Replay, 1),
     ];
     for (call, cut, first, retry, after_lease, runs) in cases {

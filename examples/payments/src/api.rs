@@ -9,8 +9,8 @@ use axum::http::header::LOCATION;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use idem_runtime::sqlx::{Postgres, Sqlite};
 use idem_runtime::axum::Attempt;
+use idem_runtime::sqlx::{Postgres, Sqlite};
 use idem_runtime::{idempotent, Policy, Tx};
 use serde::Deserialize;
 use std::time::Duration;
@@ -249,8 +249,16 @@ fn database_error(error: &sqlx::Error) -> Response {
             "status": 503,
             "detail": "The payments database could not be reached. Retry with the same Idempotency-Key after Retry-After seconds.",
         });
-        let headers = [(CONTENT_TYPE, "application/problem+json"), (RETRY_AFTER, "1")];
-        return (StatusCode::SERVICE_UNAVAILABLE, headers, problem.to_string()).into_response();
+        let headers = [
+            (CONTENT_TYPE, "application/problem+json"),
+            (RETRY_AFTER, "1"),
+        ];
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            headers,
+            problem.to_string(),
+        )
+            .into_response();
     }
     (
         StatusCode::INTERNAL_SERVER_ERROR,

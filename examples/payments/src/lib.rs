@@ -321,9 +321,16 @@ impl Server {
     pub async fn run(self) -> Result<(), StartError> {
         let engine = self.state.engine.clone();
         let grace = self.limits.shutdown_grace;
-        serve::serve(self.listener, router(self.state), self.limits, stop_signal()).await;
+        let stopped_at = serve::serve(
+            self.listener,
+            router(self.state),
+            self.limits,
+            stop_signal(),
+        )
+        .await;
         tracing::info!("stopped accepting; finishing the handlers still running");
-        if !engine.shutdown(grace).await {
+        let left = grace.saturating_sub(stopped_at.elapsed());
+        if !engine.shutdown(left).await {
             tracing::warn!("handlers still running at the end of the shutdown grace period; their keys are taken over once their lease runs out");
         }
         Ok(())

@@ -50,13 +50,14 @@ impl Default for Limits {
 /// The answer to a connection over the limit.
 const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 36\r\n\r\ntoo many connections; retry shortly\n";
 
-/// Serves `router` on `listener` within `limits` until `stop` resolves, then stops gracefully.
+/// Serves `router` on `listener` within `limits` until `stop` resolves, then stops gracefully;
+/// returns when the stop began, so that the caller spends only what is left of the grace period.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
     stop: impl Future<Output = ()>,
-) {
+) -> tokio::time::Instant {
     let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
@@ -98,6 +99,7 @@ pub async fn serve(
             drop(slot);
         });
     }
+    let stopped_at = tokio::time::Instant::now();
     drop(listener);
     if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
         .await
@@ -105,4 +107,5 @@ pub async fn serve(
     {
         tracing::warn!("connections still open at the end of the shutdown grace period");
     }
+    stopped_at
 }

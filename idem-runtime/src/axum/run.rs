@@ -349,7 +349,9 @@ fn decide_key(
 }
 
 fn malformed(engine: &Engine, policy: &Policy, scope: &str, error: &KeyError) -> Problem {
-    engine.metrics().record(Outcome::MalformedKey, policy.handler);
+    engine
+        .metrics()
+        .record(Outcome::MalformedKey, policy.handler);
     // The value itself is not logged: it is client-controlled and, being malformed, possibly huge.
     tracing::info!(target: "idem", outcome = Outcome::MalformedKey.as_str(),
         handler = policy.handler, %scope, %error, "idempotency decision");

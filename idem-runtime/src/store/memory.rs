@@ -216,7 +216,9 @@ mod tests {
     #[tokio::test]
     async fn purge_removes_only_records_past_retention_in_batches() {
         let store = MemoryStore::new();
-        let keys: Vec<RecordKey> = (0..10).map(|i| RecordKey::new("s", i.to_string())).collect();
+        let keys: Vec<RecordKey> = (0..10)
+            .map(|i| RecordKey::new("s", i.to_string()))
+            .collect();
         for (i, key) in keys.iter().enumerate() {
             // Keys 0..5 are retained until 100, keys 5..10 until 1000.
             let retain = if i < 5 { 100 } else { 1000 };
@@ -234,7 +236,9 @@ mod tests {
     #[tokio::test]
     async fn a_claim_evicts_a_few_records_past_retention() {
         let store = MemoryStore::new();
-        let old: Vec<RecordKey> = (0..20).map(|i| RecordKey::new("s", i.to_string())).collect();
+        let old: Vec<RecordKey> = (0..20)
+            .map(|i| RecordKey::new("s", i.to_string()))
+            .collect();
         for key in &old {
             store.claim(&claim(key, 1, 0, 100)).await.expect("claim");
         }

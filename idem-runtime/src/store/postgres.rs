@@ -269,10 +269,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = Self::pool_options()
-            .connect(url)
-            .await
-            ?;
+        let pool = Self::pool_options().connect(url).await?;
         Self::from_pool(pool).await
     }
 
@@ -404,8 +401,7 @@ impl PostgresStore {
             .max_connections(1)
             .acquire_timeout(pool.options().get_acquire_timeout())
             .connect_with(options)
-            .await
-            ?;
+            .await?;
         let result = migrate_on(&own).await;
         // Closing releases the session's advisory lock even if the migration failed half-way.
         own.close().await;
@@ -448,8 +444,7 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(SCHEMA_LOCK)
         .execute(own)
-        .await
-        ?;
+        .await?;
     // Checked first so that a role without CREATE on the database can start once the schema exists.
     sqlx::raw_sql(
         "DO $$ BEGIN
@@ -459,8 +454,7 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
         END $$",
     )
     .execute(own)
-    .await
-    ?;
+    .await?;
     migrator().run(own).await.map_err(StoreError::unavailable)
 }
 
@@ -616,10 +610,7 @@ mod ops {
         conn: &mut PgConnection,
         claim: &Claim<'_>,
     ) -> Result<Found, StoreError> {
-        let row = bind_claim(CLAIM, claim)
-            .fetch_optional(&mut *conn)
-            .await
-            ?;
+        let row = bind_claim(CLAIM, claim).fetch_optional(&mut *conn).await?;
         let Some(row) = row else {
             return Ok(Found::Nothing);
         };
@@ -639,8 +630,7 @@ mod ops {
         let done = bind_claim(REPLACE_FORGOTTEN, claim)
             .bind(seen.0)
             .execute(&mut *conn)
-            .await
-            ?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -658,8 +648,7 @@ mod ops {
             .bind(claim.now.as_millis())
             .bind(claim.fingerprint.0.as_slice())
             .execute(&mut *conn)
-            .await
-            ?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -680,8 +669,7 @@ mod ops {
             .bind(response.body.as_ref())
             .bind(payload(key))
             .execute(&mut *conn)
-            .await
-            ?;
+            .await?;
         fenced_unless_one(done.rows_affected())
     }
 
@@ -693,8 +681,7 @@ mod ops {
             .bind(key.scope())
             .bind(key.key())
             .execute(&mut *conn)
-            .await
-            ?;
+            .await?;
         Ok(())
     }
 
@@ -709,8 +696,7 @@ mod ops {
             .bind(token.0)
             .bind(payload(key))
             .execute(&mut *conn)
-            .await
-            ?;
+            .await?;
         fenced_unless_one(done.rows_affected())
     }
 
@@ -724,8 +710,7 @@ mod ops {
             .bind(key.key())
             .bind(now.as_millis())
             .fetch_optional(&mut *conn)
-            .await
-            ?;
+            .await?;
         row.as_ref().map(decode).transpose()
     }
 
@@ -738,8 +723,7 @@ mod ops {
             .bind(now.as_millis())
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
             .execute(&mut *conn)
-            .await
-            ?;
+            .await?;
         Ok(done.rows_affected())
     }
 

@@ -261,8 +261,7 @@ impl SqliteStore {
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(options)
-            .await
-            ?;
+            .await?;
         Self::from_pool(pool).await
     }
 
@@ -305,8 +304,7 @@ impl SqliteStore {
             .bind(key.key())
             .bind(now.as_millis())
             .fetch_optional(&self.pool)
-            .await
-            ?;
+            .await?;
         row.as_ref().map(decode).transpose()
     }
 }
@@ -389,8 +387,7 @@ impl Store for SqliteStore {
                     .bind(claim.retain_until.as_millis())
                     .bind(claim.lease_until.as_millis())
                     .fetch_optional(&self.pool)
-                    .await
-                    ?
+                    .await?
             };
             if let Some(row) = won {
                 let takeovers: i64 = row.try_get("takeovers").map_err(StoreError::corrupt)?;
@@ -429,8 +426,7 @@ impl Store for SqliteStore {
                 .bind(response.encode_headers())
                 .bind(&response.body[..])
                 .execute(&self.pool)
-                .await
-                ?
+                .await?
         };
         if done.rows_affected() == 0 {
             return Err(StoreError::fenced());
@@ -447,8 +443,7 @@ impl Store for SqliteStore {
                 .bind(key.key())
                 .bind(token.0)
                 .execute(&self.pool)
-                .await
-                ?
+                .await?
         };
         if done.rows_affected() == 0 {
             return Err(StoreError::fenced());
@@ -523,8 +518,7 @@ impl TransactionalStore for SqliteStore {
             .bind(response.encode_headers())
             .bind(&response.body[..])
             .execute(&mut **tx)
-            .await
-            ?;
+            .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::fenced());
         }
@@ -545,8 +539,7 @@ impl Purge for SqliteStore {
             .bind(now.as_millis())
             .bind(limit)
             .execute(&self.pool)
-            .await
-            ?;
+            .await?;
         Ok(done.rows_affected())
     }
 }

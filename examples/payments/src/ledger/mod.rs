@@ -135,7 +135,11 @@ impl Ledger {
 
     /// The card network's charge behind one of `owner`'s payments: `None` if the payment is not
     /// theirs, `Some(None)` for a payment recorded without one.
-    pub async fn charge_of(&self, owner: &str, id: &str) -> Result<Option<Option<String>>, sqlx::Error> {
+    pub async fn charge_of(
+        &self,
+        owner: &str,
+        id: &str,
+    ) -> Result<Option<Option<String>>, sqlx::Error> {
         match &self.db {
             Database::Sqlite(pool) => sqlite::charge_of(pool, owner, id).await,
             Database::Postgres(pool) => postgres::charge_of(pool, owner, id).await,
