@@ -9,6 +9,8 @@
 //!   records. `IDEM_STORE_URL` optionally puts the idempotency records elsewhere: `redis://host:port`
 //!   (with `?prefix=name` for the key prefix, default `idem`), `postgres://...`, `sqlite:...` or
 //!   `memory` (see [`store`]). `PAYMENT_LATENCY_MS` (default 0) simulates a slow card network.
+//!   `HEADER_TIMEOUT_MS` (10000), `MAX_CONNECTIONS` (4096) and `SHUTDOWN_GRACE_MS` (25000) bound
+//!   the server (see [`serve`](mod@serve)).
 //! - **Start-up.** An unsupported URL, or a database or store that cannot be reached, stops the
 //!   binary at start-up with a message naming the variable. Once it accepts connections, the binary
 //!   prints one line to stdout, `payments listening on http://127.0.0.1:<port>` (logs go to stderr).
@@ -21,6 +23,10 @@
 //! - `POST /payments/{id}/refund` → 200 with `"status": "refunded"`. Idempotent, key required.
 //! - `POST /legacy/payments`: as `POST /payments`, for old app versions that send no key: without a
 //!   key, identical requests within 10 s count as one (`missing_key = "derive"`).
+//! - `GET /charges`: what the (simulated) card network did for the caller, one element per charge:
+//!   `{"id", "amount", "currency", "attempts", "refunded"}` (see [`card`]).
+//! - **Stopping.** SIGTERM or Ctrl-C: no new connections, the requests in progress answered, the
+//!   payments still running finished and stored, exit 0, within `SHUTDOWN_GRACE_MS`.
 //!
 //! A replay is the request's result, not the resource's current state: replaying the create after a
 //! refund still answers 201 with its `Location`, and `GET` on that `Location` shows `"refunded"`.
