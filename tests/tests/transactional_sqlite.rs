@@ -5,7 +5,7 @@ mod transactional_support;
 
 use axum::Router;
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
-use idem_runtime::sqlx::{self, sqlite::SqlitePool};
+use idem_runtime::sqlx::{self, sqlite::SqlitePool, sqlite::SqlitePoolOptions};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::{Engine, Record, RecordKey, Store, Transactional};
 use std::sync::Arc;
@@ -17,39 +17,67 @@ struct Sqlite {
     _dir: tempfile::TempDir,
     url: String,
     store: Arc<SqliteStore>,
-    engine: Engine,
     clock: ManualClock,
     controls: Controls,
     txn: Transactional<SqliteStore>,
     router: Router,
 }
 
-async fn setup() -> Sqlite {
+/// The app on a fresh file, its pool capped at `connections` if given.
+async fn setup(connections: Option<u32>) -> Sqlite {
+    count_statements();
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("app.db").display());
-    let store = Arc::new(SqliteStore::connect(&url).await.expect("open"));
-    sqlx::query(LEDGER)
-        .execute(store.pool())
-        .await
-        .expect("ledger table");
+    let options = SqliteStore::options(&url).expect("options");
+    let store = match connections {
+        None => SqliteStore::connect_with(options).await,
+        Some(n) => {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(n)
+                .connect_with(options)
+                .await
+                .expect("pool");
+            SqliteStore::from_pool(pool).await
+        }
+    };
+    let store = Arc::new(store.expect("open"));
+    for ddl in SCHEMA {
+        sqlx::query(ddl)
+            .execute(store.pool())
+            .await
+            .expect("ledger");
+    }
     let clock = ManualClock::new(Timestamp::from_millis(START_MS));
-    let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
-    let txn = Transactional::new(engine.clone(), store.clone()).expect("same store");
     let controls = Controls::default();
+    let (txn, router) = instance(store.clone(), &clock, &controls);
+    Sqlite {
+        _dir: dir,
+        url,
+        controls,
+        store,
+        clock,
+        txn,
+        router,
+    }
+}
+
+/// The app on `store`, with `clock` and `controls`.
+fn instance(
+    store: Arc<SqliteStore>,
+    clock: &ManualClock,
+    controls: &Controls,
+) -> (Transactional<SqliteStore>, Router) {
+    let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
+    let txn = Transactional::new(engine, store).expect("same store");
     let router = router(App {
         txn: txn.clone(),
         controls: controls.clone(),
     });
-    Sqlite {
-        _dir: dir,
-        url,
-        store,
-        engine,
-        clock,
-        controls,
-        txn,
-        router,
-    }
+    (txn, router)
+}
+
+fn in_use(pool: &SqlitePool) -> usize {
+    usize::try_from(pool.size()).expect("small") - pool.num_idle()
 }
 
 /// The connection holding the lock, and its pool (kept open while the lock is held).
@@ -70,6 +98,7 @@ impl WriteLock for Locked {
 
 #[async_trait::async_trait]
 impl Backend for Sqlite {
+    type Store = SqliteStore;
     fn router(&self) -> Router {
         self.router.clone()
     }
@@ -79,8 +108,11 @@ impl Backend for Sqlite {
     fn clock(&self) -> &ManualClock {
         &self.clock
     }
-    fn engine(&self) -> &Engine {
-        &self.engine
+    fn txn(&self) -> &Transactional<SqliteStore> {
+        &self.txn
+    }
+    fn in_use(&self) -> usize {
+        in_use(self.store.pool())
     }
     async fn ledger_rows(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM ledger")
@@ -105,52 +137,21 @@ impl Backend for Sqlite {
             .expect("write lock");
         Box::new(Locked { conn, _pool: pool })
     }
-    fn waiting_for_turns(&self) -> usize {
-        self.txn.waiting_for_turns()
+    /// A second store handle on the file: a pool of its own; in this process it shares the file's
+    /// wake-ups and write gate, as SQLite's single instance does.
+    async fn another_instance(&self) -> Instance {
+        let store = Arc::new(
+            SqliteStore::connect(&self.url)
+                .await
+                .expect("second handle"),
+        );
+        let (txn, router) = instance(store.clone(), &self.clock, &self.controls);
+        Instance {
+            router,
+            engine: txn.engine().clone(),
+            in_use: Box::new(move || in_use(store.pool())),
+        }
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn write_and_record_commit_together() {
-    transactional_support::write_and_record_commit_together(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_error_leaves_neither_row_nor_record() {
-    transactional_support::a_server_error_leaves_neither_row_nor_record(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panic_leaves_neither_row_nor_record() {
-    transactional_support::a_panic_leaves_neither_row_nor_record(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixteen_identical_requests_write_once() {
-    transactional_support::sixteen_identical_requests_write_once(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_duplicate_runs_once_the_original_rolls_back() {
-    transactional_support::a_duplicate_runs_once_the_original_rolls_back(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_duplicate_blocked_past_the_wait_gets_409() {
-    transactional_support::a_duplicate_blocked_past_the_wait_gets_409(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mismatch_and_expired_still_work() {
-    transactional_support::mismatch_and_expired_still_work(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_opens_no_write() {
-    transactional_support::a_replay_opens_no_write(&setup().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_passed_request_still_gets_a_transaction() {
-    transactional_support::a_passed_request_still_gets_a_transaction(&setup().await).await;
-}
+transactional_cases!(setup = setup(None), small = setup(Some(2)));

@@ -179,10 +179,14 @@ where
     detached(engine, async move {
         let (lent, back) = tx.lend();
         let run = AssertUnwindSafe(async move { handler(T::from_tx(lent)).await.into_response() });
-        // A panic drops the lent handle and with it the transaction, which rolls back.
         let response = match guard.keep_alive(run.catch_unwind()).await {
             Ok(response) => response,
-            Err(_) => return Settled::Now(panicked(guard, &policy).await),
+            Err(_) => {
+                // The dropped handle sent its transaction home: roll it back (on SQLite, free the
+                // write gate) before the release, which needs the gate.
+                drop(back);
+                return Settled::Now(panicked(guard, &policy).await);
+            }
         };
         if !back.restore(&mut tx) {
             tracing::error!(target: "idem", handler = policy.handler,
