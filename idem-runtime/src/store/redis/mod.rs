@@ -850,7 +850,7 @@ fn decode_tag(tag: &[u8]) -> Option<RecordKey> {
     let len: usize = len.parse().ok()?;
     let scope = rest.get(..len)?;
     let key = rest.get(len..)?.strip_prefix(':')?;
-    Some(RecordKey::new(unescape(scope)?, unescape(key)?))
+    Some(RecordKey::stored(unescape(scope)?, unescape(key)?))
 }
 
 /// `*`, `?`, `[`, `]` and `\` are glob syntax in `SCAN MATCH`.
@@ -965,6 +965,8 @@ mod tests {
             RecordKey::new("{x}", "}{"),
             RecordKey::new("%7B", "%"),
             RecordKey::new("한글", "키"),
+            // Parts bounded to their head and hash come back as they were stored.
+            RecordKey::new("s".repeat(3000), "k".repeat(300)),
         ];
         let tags: Vec<String> = keys.iter().map(encode_tag).collect();
         for (key, tag) in keys.iter().zip(&tags) {
