@@ -81,7 +81,7 @@ impl fmt::Debug for Fingerprint {
 }
 
 /// `application/json`, `application/problem+json`, `text/json; charset=utf-8`, ...
-fn is_json(content_type: &str) -> bool {
+pub(crate) fn is_json(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or("").trim();
     let Some((_, subtype)) = essence.split_once('/') else {
         return false;

@@ -732,6 +732,37 @@ pub async fn a_lost_record_is_claimed_back_by_its_completion<B: Backend>(b: B) {
     );
 }
 
+/// Scopes and keys come from callers: a scope of kilobytes (a long bearer token taken for a user
+/// id) and a key at the limit are stored within every store's limits, replay, and never meet a
+/// pair that differs only past the stored head.
+pub async fn long_scopes_and_keys_stay_within_the_stores_limits<B: Backend>(b: B) {
+    let h = Harness::new(b.open().await);
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let long = format!("{tag}{}", "u".repeat(3000));
+    let pairs = [
+        RecordKey::new(long.clone(), "k".repeat(255)),
+        RecordKey::new(format!("{long}v"), "k".repeat(255)),
+        RecordKey::new(long.clone(), format!("{}x", "k".repeat(300))),
+        RecordKey::new(format!("{tag}한"), "키".repeat(200)),
+    ];
+    for (i, key) in pairs.iter().enumerate() {
+        assert!(key.scope().len() <= RecordKey::MAX_PART + 1);
+        assert!(key.key().len() <= RecordKey::MAX_PART + 1);
+        let tag = format!("long-{i}");
+        execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
+            .complete(&response(&tag))
+            .await
+            .expect("complete");
+    }
+    for (i, key) in pairs.iter().enumerate() {
+        assert_eq!(
+            replay(h.engine.begin(key.clone(), fp("a"), &policy()).await).response,
+            response(&format!("long-{i}")),
+            "each long pair has its own record"
+        );
+    }
+}
+
 /// Completion and release need the record's current token and an in-flight record.
 pub async fn completion_requires_the_current_token<B: Backend>(b: B) {
     let h = Harness::new(b.open().await);
@@ -876,6 +907,7 @@ macro_rules! conformance_suite {
             renewal_moves_the_lease_of_the_current_claim_only,
             a_lost_record_is_claimed_back_by_its_completion,
             completion_requires_the_current_token,
+            long_scopes_and_keys_stay_within_the_stores_limits,
             restart_keeps_records,
             purge_deletes_in_batches,
         );

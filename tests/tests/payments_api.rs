@@ -109,7 +109,14 @@ async fn extractor_and_validation_errors() {
         .status,
         422
     );
-    assert_eq!(list(&app, "alice").await.len(), 1);
+    // serde's sequence form of the request is not a payment: axum refuses it, no key is burnt.
+    let sequence = r#"[1000, "KRW"]"#;
+    let refused = send(&app, post("/payments", Some("alice"), Some("k4"), sequence)).await;
+    assert_eq!(refused.status, 422);
+    assert!(!refused.replayed());
+    let corrected = send(&app, post("/payments", Some("alice"), Some("k4"), KRW_1000)).await;
+    assert_eq!(corrected.status, 201, "the key was not used");
+    assert_eq!(list(&app, "alice").await.len(), 2);
 }
 
 #[tokio::test]

@@ -15,11 +15,27 @@ use idem_runtime::{idempotent, Policy, Tx};
 use serde::Deserialize;
 use std::time::Duration;
 
-/// A payment request.
-#[derive(Debug, Deserialize)]
+/// A payment request: a JSON object `{"amount": 1000, "currency": "KRW"}`.
+#[derive(Debug)]
 pub(crate) struct NewPayment {
     amount: i64,
     currency: String,
+}
+
+/// Only the object form. serde's derive would also take the sequence form, `[1000, "KRW"]`, which
+/// no client of this API means to send: it is refused (422) like any other malformed body.
+impl<'de> Deserialize<'de> for NewPayment {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Fields {
+            amount: i64,
+            currency: String,
+        }
+        let object = serde_json::Map::deserialize(deserializer)?;
+        let Fields { amount, currency } = Fields::deserialize(serde_json::Value::Object(object))
+            .map_err(serde::de::Error::custom)?;
+        Ok(Self { amount, currency })
+    }
 }
 
 /// The payment endpoints' policy, stated once and checked at compile time: keys are remembered

@@ -88,8 +88,10 @@ pub async fn serve(
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
+        // Not `serve_connection_with_upgrades`: it reads the first bytes to tell HTTP versions
+        // apart before hyper's header-read timer starts, so an idle connection would never close.
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

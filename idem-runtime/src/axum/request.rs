@@ -13,7 +13,7 @@ use ::axum::body::Body;
 use ::axum::extract::{FromRequest, OriginalUri, Request};
 use ::axum::http::header::CONTENT_TYPE;
 use ::axum::http::request::Parts;
-use ::axum::http::HeaderName;
+use ::axum::http::{HeaderMap, HeaderName, HeaderValue};
 use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -105,11 +105,28 @@ pub(crate) async fn extract_from<S, T: FromRequest<S>>(
     state: &S,
 ) -> Result<(T, RequestContext), Response> {
     let ctx = context(&parts, &bytes);
+    let mut parts = parts;
+    tidy_media_type(&mut parts.headers);
     let req = Request::from_parts(parts, Body::from(bytes));
     let inner = T::from_request(req, state)
         .await
         .map_err(IntoResponse::into_response)?;
     Ok((inner, ctx))
+}
+
+/// HTTP allows whitespace before a media type's parameters (`application/json ; charset=utf-8`),
+/// which axum's `Json` refuses with a 415: the handler's extractor sees the type without it.
+fn tidy_media_type(headers: &mut HeaderMap) {
+    let Some(Ok(value)) = headers.get(CONTENT_TYPE).map(|v| v.to_str()) else {
+        return;
+    };
+    if !value.contains([' ', '\t']) {
+        return;
+    }
+    let tidy: Vec<&str> = value.split(';').map(str::trim).collect();
+    if let Ok(tidy) = HeaderValue::from_str(&tidy.join(";")) {
+        headers.insert(CONTENT_TYPE, tidy);
+    }
 }
 
 /// The method, the path and the content type, as the fingerprint takes them. The path is the one

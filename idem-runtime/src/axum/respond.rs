@@ -223,7 +223,14 @@ fn minimal(parts: &Parts, body: Option<&Bytes>) -> StoredResponse {
         .and_then(|mut v| v.get_mut("id").map(serde_json::Value::take));
     let body = match id {
         Some(id) => {
-            headers.push((CONTENT_TYPE, HeaderValue::from_static("application/json")));
+            // The original's JSON media type (a charset, a vendor type), else plain JSON.
+            let media_type = parts
+                .headers
+                .get(CONTENT_TYPE)
+                .filter(|v| v.to_str().is_ok_and(crate::fingerprint::is_json))
+                .cloned()
+                .unwrap_or(HeaderValue::from_static("application/json"));
+            headers.push((CONTENT_TYPE, media_type));
             Bytes::from(serde_json::json!({ "id": id }).to_string())
         }
         None => Bytes::new(),
