@@ -36,16 +36,27 @@ impl RecordKey {
 
     /// A key for `key` within `scope`, each part bounded to [`MAX_PART`](Self::MAX_PART) bytes.
     pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Self {
+        let key = key.into();
+        // A key that starts with the namespace mark gets a second one, so that it can never take
+        // the form of a derived key (a client's key is ASCII and never starts with it).
+        let key = match key.starts_with(NAMESPACE) {
+            true => format!("{NAMESPACE}{key}"),
+            false => key,
+        };
         Self {
             scope: bounded(scope.into()),
-            key: bounded(key.into()),
+            key: bounded(key),
         }
     }
 
-    /// A key derived from the request itself (`missing_key = "derive"`): in a namespace of its
-    /// own, which no `Idempotency-Key` header can name (a client's key never holds a space).
+    /// A key derived from the request itself (`missing_key = "derive"`), from its fingerprint in
+    /// hex: in a namespace of its own (`§derived …`), which no key given to [`new`](Self::new),
+    /// and no `Idempotency-Key` header, can name.
     pub fn derived(scope: impl Into<String>, fingerprint_hex: &str) -> Self {
-        Self::new(scope, format!("derived {fingerprint_hex}"))
+        Self {
+            scope: bounded(scope.into()),
+            key: bounded(format!("{NAMESPACE}derived {fingerprint_hex}")),
+        }
     }
 
     /// A key read back from a store, already bounded (bounding it again would hash a hashed part).
@@ -90,6 +101,9 @@ impl RecordKey {
         format!("idem_{hex}")
     }
 }
+
+/// The first character of a derived key, doubled at the start of any other key that begins with it.
+const NAMESPACE: char = '§';
 
 /// `part` as stored: itself up to `MAX_PART` bytes, else its readable head and its SHA-256 in
 /// exactly `MAX_PART + 1` bytes.
