@@ -381,7 +381,9 @@ impl Engine {
                     // Wake on completion or release, when the lease runs out (takeover), or at
                     // the deadline; never on a polling tick.
                     let wake = deadline.min(at + now.until(lease_until));
-                    if let Err(e) = wait.step(self, store, &key, wake, timers).await {
+                    let subscribe = || store.subscribe(&key);
+                    let announce = || self.call("announce", store.announce_waiter(&key));
+                    if let Err(e) = wait.step(subscribe, announce, wake, timers).await {
                         return Err(self.unavailable(e, &key, policy));
                     }
                 }

@@ -317,28 +317,6 @@ pub struct Record {
 }
 
 impl Record {
-    /// A fresh in-flight record for `claim`.
-    pub fn new_claim(claim: &crate::store::Claim<'_>) -> Self {
-        Self {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            created_at: claim.now,
-            expires_at: claim.expires_at,
-            retain_until: claim.retain_until,
-            state: RecordState::InFlight {
-                lease_until: claim.lease_until,
-            },
-        }
-    }
-
-    /// Whether `claim` may take this record over: in flight, lease run out, same request, not
-    /// expired. Every store applies exactly this rule (in SQL, in Lua, or here).
-    pub fn can_take_over(&self, claim: &crate::store::Claim<'_>) -> bool {
-        matches!(self.state, RecordState::InFlight { lease_until } if lease_until <= claim.now)
-            && self.fingerprint == claim.fingerprint
-            && claim.now < self.expires_at
-    }
-
     /// Whether the record is past retention and counts as absent.
     pub fn is_forgotten(&self, now: Timestamp) -> bool {
         self.retain_until <= now

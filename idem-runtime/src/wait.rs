@@ -5,8 +5,8 @@
 //! it wakes to find the key still in flight, since the record may have been released and claimed anew
 //! meanwhile):
 //!
-//! 1. it [subscribes](Store::subscribe) to the key, which arms the local wake-up;
-//! 2. it [announces](Store::announce_waiter) itself, so that stores which notify only awaited keys
+//! 1. it [subscribes](crate::Store::subscribe) to the key, which arms the local wake-up;
+//! 2. it [announces](crate::Store::announce_waiter) itself, so that stores which notify only awaited keys
 //!    (PostgreSQL, Redis) will notify this one;
 //! 3. it claims (reads) the key again: a completion that landed before step 2 is seen here, and one
 //!    that lands after sees the announcement and wakes the subscription.
@@ -14,9 +14,8 @@
 //! Only then does it sleep, until the subscription fires, the lease runs out (a takeover may be due)
 //! or the caller's deadline passes, whichever is first. The engine and transactional mode share this.
 
-use crate::engine::Engine;
-use crate::record::RecordKey;
-use crate::store::{Store, StoreError, Subscription};
+use crate::store::{StoreError, Subscription};
+use std::future::Future;
 use tokio::time::Instant;
 
 /// One duplicate's wait; see the [module documentation](self).
@@ -30,22 +29,20 @@ pub(crate) struct DuplicateWait {
 
 impl DuplicateWait {
     /// Called each time a claim finds the key in flight (and the deadline has not passed). Either arms
-    /// the wait (subscribe and announce; the caller then claims again at once) or sleeps until woken
-    /// or `wake`. The caller claims again after it returns `Ok`. The announcement is bounded by the
-    /// engine's store timeout.
-    pub(crate) async fn step(
+    /// the wait (`subscribe`, then `announce`; the caller then claims again at once) or sleeps until
+    /// woken or `wake`. The caller claims again after it returns `Ok`.
+    pub(crate) async fn step<A: Future<Output = Result<(), StoreError>>>(
         &mut self,
-        engine: &Engine,
-        store: &dyn Store,
-        key: &RecordKey,
+        subscribe: impl FnOnce() -> Subscription,
+        announce: impl FnOnce() -> A,
         wake: Instant,
         timers: Timers,
     ) -> Result<(), StoreError> {
         if !self.armed {
             if self.subscription.is_none() {
-                self.subscription = Some(store.subscribe(key));
+                self.subscription = Some(subscribe());
             }
-            engine.call("announce", store.announce_waiter(key)).await?;
+            announce().await?;
             self.armed = true;
             return Ok(());
         }

@@ -268,8 +268,8 @@ async fn replays_do_not_write() {
             "SELECT xmin::text AS xmin, ctid::text AS ctid FROM idem.records \
              WHERE scope = $1 AND key = $2",
         )
-        .bind(&key.scope())
-        .bind(&key.key())
+        .bind(key.scope())
+        .bind(key.key())
         .fetch_one(&pool)
         .await
         .expect("row version");
@@ -438,8 +438,8 @@ async fn undecodable_record_is_corrupt() {
          (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
          VALUES ($1, $2, $3, 1, 0, $4, $4, 'in_flight', 0)",
     )
-    .bind(&key.scope())
-    .bind(&key.key())
+    .bind(key.scope())
+    .bind(key.key())
     .bind(&[1u8, 2, 3][..])
     .bind(T0.as_millis() + 1)
     .execute(store.pool())
@@ -473,8 +473,8 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
          (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_flight', $8)",
     )
-    .bind(&key.scope())
-    .bind(&key.key())
+    .bind(key.scope())
+    .bind(key.key())
     .bind(fp("a").0.as_slice())
     .bind(theirs.0)
     .bind(T0.as_millis())

@@ -258,8 +258,8 @@ fn sqlite_rows_decode_or_are_corrupt() {
                      || quote(retain_until) || quote(state) || quote(lease_until) || quote(status) \
                      || quote(headers) || quote(body) FROM idem_records WHERE scope = ? AND key = ?",
                 )
-                .bind(&key.scope())
-                .bind(&key.key())
+                .bind(key.scope())
+                .bind(key.key())
                 .fetch_optional(&pool)
                 .await
                 .expect("snapshot");
@@ -349,8 +349,8 @@ fn postgres_rows_decode_or_are_corrupt() {
                  retain_until, state, lease_until, status, headers, body) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             )
-            .bind(&key.scope())
-            .bind(&key.key())
+            .bind(key.scope())
+            .bind(key.key())
             .bind(&row.fingerprint)
             .bind(row.token)
             .bind(row.created_at)
@@ -368,8 +368,8 @@ fn postgres_rows_decode_or_are_corrupt() {
                 let row = sqlx::query(
                     "SELECT to_jsonb(r)::text FROM idem.records r WHERE scope = $1 AND key = $2",
                 )
-                .bind(&key.scope())
-                .bind(&key.key())
+                .bind(key.scope())
+                .bind(key.key())
                 .fetch_optional(&pool)
                 .await
                 .expect("snapshot");

@@ -140,7 +140,7 @@ async fn create(base: String, key: &'static str, hold: bool) -> Result<Reply, re
 /// The database a scenario runs on, read by the test on connections of its own.
 enum Db {
     Sqlite(tempfile::TempDir),
-    Postgres(TestDb),
+    Postgres(Box<TestDb>),
 }
 
 impl Db {
@@ -149,7 +149,7 @@ impl Db {
     }
 
     async fn postgres() -> Self {
-        Db::Postgres(TestDb::create().await)
+        Db::Postgres(Box::new(TestDb::create().await))
     }
 
     fn url(&self) -> String {

@@ -110,7 +110,7 @@ impl Store for MemoryStore {
         records.evict(claim.now, EVICT_PER_CLAIM);
         match records.by_key.get_mut(claim.key) {
             Some(record) if !record.is_forgotten(claim.now) => {
-                if !record.can_take_over(claim) {
+                if !claim.can_take_over(record) {
                     return Ok(ClaimOutcome::Existing(record.clone()));
                 }
                 record.token = claim.token;
@@ -120,7 +120,7 @@ impl Store for MemoryStore {
                 Ok(ClaimOutcome::Claimed { taken_over: true })
             }
             _ => {
-                records.insert(claim.key, Record::new_claim(claim));
+                records.insert(claim.key, claim.record());
                 Ok(ClaimOutcome::Claimed { taken_over: false })
             }
         }

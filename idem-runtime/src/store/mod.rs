@@ -76,6 +76,30 @@ impl<'a> Claim<'a> {
     }
 }
 
+impl Claim<'_> {
+    /// The fresh in-flight record this claim inserts.
+    pub fn record(&self) -> Record {
+        Record {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            created_at: self.now,
+            expires_at: self.expires_at,
+            retain_until: self.retain_until,
+            state: crate::record::RecordState::InFlight {
+                lease_until: self.lease_until,
+            },
+        }
+    }
+
+    /// Whether this claim may take `record` over: in flight, lease run out, same request, not
+    /// expired. Every store applies exactly this rule (in SQL, in Lua, or in Rust).
+    pub fn can_take_over(&self, record: &Record) -> bool {
+        matches!(record.state, crate::record::RecordState::InFlight { lease_until } if lease_until <= self.now)
+            && record.fingerprint == self.fingerprint
+            && self.now < record.expires_at
+    }
+}
+
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
@@ -188,7 +212,7 @@ impl StdError for StoreError {
 pub trait Store: Send + Sync + 'static {
     /// Atomically claims `claim.key`. In one step: if there is no record (or only one past
     /// retention), insert an in-flight record carrying `claim`'s token, lease, expiry and retention and
-    /// return [`ClaimOutcome::Claimed`]; if the record [can be taken over](Record::can_take_over),
+    /// return [`ClaimOutcome::Claimed`]; if the record [can be taken over](Claim::can_take_over),
     /// replace its token and lease (keeping its `created_at`, `expires_at` and `retain_until`) and return
     /// `Claimed { taken_over: true }`; otherwise return the record unchanged.
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError>;

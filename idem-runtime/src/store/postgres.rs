@@ -93,7 +93,7 @@ use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::transaction::{OpenTx, TransactionalStore};
+use crate::transaction::{OpenTx, TransactionalStore, Tx, TxHandle};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
@@ -169,7 +169,7 @@ SET fingerprint = $3, token = $4, created_at = $5, expires_at = $6, retain_until
     state = 'in_flight', lease_until = $8, status = NULL, headers = NULL, body = NULL
 WHERE scope = $1 AND key = $2 AND token = $9 AND retain_until <= $5";
 
-/// `Record::can_take_over` in SQL, re-checked on the row's latest version, plus the token seen (`$5`).
+/// `Claim::can_take_over` in SQL, re-checked on the row's latest version, plus the token seen (`$5`).
 const TAKE_OVER: &str = "
 UPDATE idem.records
 SET token = $3, lease_until = $4
@@ -528,6 +528,15 @@ impl Purge for PostgresStore {
 
 /// Where a transactional claim keeps the session's `lock_timeout` while it waits with its own.
 impl crate::transaction::sealed::Sealed for PostgresStore {}
+impl crate::transaction::sealed::Sealed for Tx<sqlx::Postgres> {}
+
+impl TxHandle for Tx<sqlx::Postgres> {
+    type Store = PostgresStore;
+
+    fn from_tx(tx: Self) -> Self {
+        tx
+    }
+}
 
 /// Transactional mode (see [`crate::transaction`]): a fresh key is claimed by the message that
 /// opens the transaction (its `INSERT`, then the `BEGIN`), so the claim adds no round trip to the
@@ -591,7 +600,7 @@ mod ops {
                 if replace_forgotten(conn, claim, record.token).await? {
                     return Ok(claimed(false));
                 }
-            } else if record.can_take_over(claim) {
+            } else if claim.can_take_over(&record) {
                 if take_over(conn, claim, record.token).await? {
                     return Ok(claimed(true));
                 }

@@ -74,7 +74,7 @@ use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::transaction::{OpenTx, TransactionalStore};
+use crate::transaction::{OpenTx, TransactionalStore, Tx, TxHandle};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -97,7 +97,7 @@ const CLAIM_ATTEMPTS: usize = 8;
 
 /// The claim, in one statement. `?5` is the claim's `now`. The `DO UPDATE` applies only to a record
 /// past retention (replaced as if absent: every column from the claim, `takeovers` reset) or to one
-/// that [can be taken over](Record::can_take_over) (new token and lease; `created_at`,
+/// that [can be taken over](super::Claim::can_take_over) (new token and lease; `created_at`,
 /// `expires_at` and `retain_until` kept; `takeovers` counted). All `SET` expressions read the row as
 /// it was before the update.
 const CLAIM: &str = r#"
@@ -370,7 +370,7 @@ impl Store for SqliteStore {
         // takes neither the write gate nor the file's write lock. Only a key that is absent, past
         // retention or up for takeover goes on to the claim statement, which decides atomically.
         if let Some(record) = self.fetch(claim.key, claim.now).await? {
-            if !record.can_take_over(claim) {
+            if !claim.can_take_over(&record) {
                 return Ok(ClaimOutcome::Existing(record));
             }
         }
@@ -398,7 +398,7 @@ impl Store for SqliteStore {
             // The record stood. Read it; if it was released (or replaced by something this claim
             // may take) in between, claim again.
             match self.fetch(claim.key, claim.now).await? {
-                Some(record) if !record.can_take_over(claim) => {
+                Some(record) if !claim.can_take_over(&record) => {
                     return Ok(ClaimOutcome::Existing(record))
                 }
                 _ => continue,
@@ -484,6 +484,15 @@ impl Store for SqliteStore {
 }
 
 impl crate::transaction::sealed::Sealed for SqliteStore {}
+impl crate::transaction::sealed::Sealed for Tx<sqlx::Sqlite> {}
+
+impl TxHandle for Tx<sqlx::Sqlite> {
+    type Store = SqliteStore;
+
+    fn from_tx(tx: Self) -> Self {
+        tx
+    }
+}
 
 /// Transactional mode (see [`crate::transaction`]): `BEGIN IMMEDIATE` after the store's write gate,
 /// which the transaction holds until it ends, so that idem's own writes in this process queue
@@ -859,5 +868,62 @@ mod tests {
             ClaimOutcome::Claimed { taken_over: false }
         );
         assert!(!Arc::ptr_eq(&a.shared, &b.shared));
+    }
+}
+
+/// The handler's transaction handle, lent and given back (`transaction.rs`).
+#[cfg(all(test, feature = "axum"))]
+mod lent_transactions {
+    use super::SqliteStore;
+    use crate::transaction::{Transactional, Tx};
+    use crate::Engine;
+    use std::sync::Arc;
+
+    async fn handle() -> Tx<sqlx::Sqlite> {
+        let store = Arc::new(
+            SqliteStore::connect("sqlite::memory:")
+                .await
+                .expect("store"),
+        );
+        let txn = Transactional::new(Engine::from_arc(store.clone()), store).expect("same store");
+        txn.tx()
+    }
+
+    /// The handler's `async move` block owns the lent handle; the transaction comes back when the
+    /// block ends, begun or not.
+    #[tokio::test]
+    async fn a_lent_transaction_comes_back_when_the_body_ends() {
+        let mut tx = handle().await;
+        let (lent, back) = tx.lend();
+        let body = |mut tx: Tx<sqlx::Sqlite>| async move {
+            sqlx::query("SELECT 1")
+                .execute(tx.conn().await.expect("begin"))
+                .await
+                .expect("query");
+        };
+        body(lent).await;
+        assert!(back.restore(&mut tx));
+        assert!(tx.is_begun());
+
+        let mut tx = handle().await;
+        let (lent, back) = tx.lend();
+        let ignores_it = |_tx: Tx<sqlx::Sqlite>| async move {};
+        ignores_it(lent).await;
+        assert!(back.restore(&mut tx));
+        assert!(!tx.is_begun(), "a handler that never wrote began nothing");
+    }
+
+    /// A body that moves the handle somewhere that outlives it leaves nothing to commit.
+    #[tokio::test]
+    async fn a_kept_transaction_is_reported() {
+        let mut tx = handle().await;
+        let (lent, back) = tx.lend();
+        let kept = std::sync::Mutex::new(Vec::new());
+        let body = |tx: Tx<sqlx::Sqlite>| {
+            kept.lock().expect("lock").push(tx);
+            async move {}
+        };
+        body(lent).await;
+        assert!(!back.restore(&mut tx));
     }
 }

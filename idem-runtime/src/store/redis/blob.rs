@@ -71,7 +71,7 @@ pub(super) fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
 /// The fresh in-flight record `claim` inserts, not watched: a header alone, kept on the stack (the
 /// claim sends it with every attempt).
 pub(super) fn fresh(claim: &Claim<'_>) -> [u8; HEADER_LEN] {
-    header(&Record::new_claim(claim), IN_FLIGHT, claim.lease_until)
+    header(&claim.record(), IN_FLIGHT, claim.lease_until)
 }
 
 fn header(record: &Record, state: u8, lease: Timestamp) -> [u8; HEADER_LEN] {

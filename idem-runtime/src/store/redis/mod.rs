@@ -514,7 +514,7 @@ impl Store for RedisStore {
                 if Box::pin(self.replace(&mut conn, key, &record, &fresh, Some(ttl))).await? {
                     return Ok(ClaimOutcome::Claimed { taken_over: false });
                 }
-            } else if record.can_take_over(claim) {
+            } else if claim.can_take_over(&record) {
                 // The same record under the new token and lease; the key keeps its TTL.
                 let taken = blob::encode(&Record {
                     token: claim.token,
@@ -805,14 +805,14 @@ fn encode_tag(key: &RecordKey) -> String {
 /// An upper bound of the tag's length ([`write_tag`]), so that keys are built in one allocation.
 fn tag_len(key: &RecordKey) -> usize {
     // At most 20 digits for the length and a colon, then the escaped scope, a colon, the escaped key.
-    21 + escaped_len(&key.scope()) + 1 + escaped_len(&key.key())
+    21 + escaped_len(key.scope()) + 1 + escaped_len(key.key())
 }
 
 fn write_tag(key: &RecordKey, out: &mut impl fmt::Write) -> fmt::Result {
-    write!(out, "{}:", escaped_len(&key.scope()))?;
-    escape(&key.scope(), out)?;
+    write!(out, "{}:", escaped_len(key.scope()))?;
+    escape(key.scope(), out)?;
     out.write_char(':')?;
-    escape(&key.key(), out)
+    escape(key.key(), out)
 }
 
 /// A record's Redis key, `<prefix>:{<tag>}`, written straight into the command that sends it.
