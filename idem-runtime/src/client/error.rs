@@ -414,6 +414,26 @@ impl Failures {
     }
 }
 
+/// The error's causes, innermost last, without reqwest's "error sending request for url (...)"
+/// wrapper (the URL is in [`Error`] already, once): "client error (Connect): tcp connect error:
+/// Connection refused (os error 111)". Equal messages make equal causes, so they collapse.
+pub(crate) fn chain(e: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = std::error::Error::source(e);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        next = cause.source();
+    }
+    if parts.is_empty() {
+        e.to_string()
+    } else {
+        parts.join(": ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,7 @@
 //! A request being built, and the choice of its key.
 
-use super::error::{CauseKind, Failures, StopReason};
+use super::error::{chain, CauseKind, Failures, StopReason};
 use super::policy::is_idempotent;
-use super::retry::chain;
 use super::{Client, Error, Response, IDEMPOTENCY_KEY};
 use crate::IdempotencyKey;
 use http::header::{HeaderName, HeaderValue};

@@ -1,7 +1,7 @@
 //! The attempt loop, shared by the [`Client`](super::Client) and the middleware: send, read the
 //! answer, ask the policy, check the limits, wait, send again with the same key.
 
-use super::error::{Answer, CauseKind, Failures, StopReason};
+use super::error::{chain, Answer, CauseKind, Failures, StopReason};
 use super::policy::{Attempt, Decision, Outcome, TransportFailure};
 use super::request::{resolve_key, KeyChoice};
 use super::response::Receipt;
@@ -423,24 +423,4 @@ fn rebuild(
         .extensions
         .extend(std::mem::take(marked.extensions_mut()));
     reqwest::Response::from(http::Response::from_parts(parts, body))
-}
-
-/// The error's causes, innermost last, without reqwest's "error sending request for url (...)"
-/// wrapper (the URL is in [`Error`] already, once): "client error (Connect): tcp connect error:
-/// Connection refused (os error 111)". Equal messages make equal causes, so they collapse.
-pub(crate) fn chain(e: &reqwest::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if parts.last() != Some(&text) {
-            parts.push(text);
-        }
-        next = cause.source();
-    }
-    if parts.is_empty() {
-        e.to_string()
-    } else {
-        parts.join(": ")
-    }
 }
