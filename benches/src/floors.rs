@@ -408,7 +408,7 @@ impl Floor {
             _ => return false,
         };
         let now = now_ms();
-        sqlx::query(idem_runtime::store::postgres::CLAIM_STATEMENT)
+        sqlx::query(idem_runtime::store::postgres::testing::CLAIM_STATEMENT)
             .bind("floor")
             .bind(key)
             .bind(&fingerprint().0[..])

@@ -7,7 +7,8 @@
 
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
 use idem_runtime::sqlx::{self, ConnectOptions, Row};
-use idem_runtime::store::postgres::{bind_claim, PostgresStore, CLAIM_STATEMENT};
+use idem_runtime::store::postgres::testing::{bind_claim, CLAIM_STATEMENT};
+use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::{Claim, ClaimOutcome};
 use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};

@@ -125,13 +125,27 @@ const SCHEMA_LOCK: i64 = 0x6964_656d_5f73_6368; // "idem_sch"
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Claim-or-fetch: the existing record, or the fresh one inserted when there is none.
-///
-/// Public, hidden, for the benchmark harness only: it issues this statement directly to separate
-/// what the statement costs from what the framework around it costs. Not a stable API.
-#[doc(hidden)]
-pub const CLAIM_STATEMENT: &str = CLAIM;
+/// The claim's statement and binds, for the project's own tests and benchmarks (which inspect its
+/// plan and time it alone). Not a stable API.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing {
+    use super::Claim;
 
+    /// Claim-or-fetch: the existing record, or the fresh one inserted when there is none.
+    pub const CLAIM_STATEMENT: &str = super::CLAIM;
+
+    /// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with a claim's
+    /// eight binds.
+    pub fn bind_claim<'q>(
+        sql: &'q str,
+        claim: &'q Claim<'q>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        super::bind_claim(sql, claim)
+    }
+}
+
+/// Claim-or-fetch: the existing record, or the fresh one inserted when there is none.
 const CLAIM: &str = "
 (SELECT false AS inserted, fingerprint, token, created_at, expires_at, retain_until, state,
         lease_until, status, headers, body
@@ -141,13 +155,10 @@ UNION ALL
 (SELECT * FROM idem.insert_claim($1, $2, $3, $4, $5, $6, $7, $8))
 LIMIT 1";
 
-/// `sql` (the claim statement, its transactional form, the replacement of a forgotten record, or a
-/// statement around one of them, such as an `EXPLAIN`) with a claim's eight binds, in the order
-/// those statements number them (`$1` to `$8`; the replacement adds the token it saw as `$9`).
-///
-/// Public, hidden, for the tests that inspect the claim statement; not a stable API.
-#[doc(hidden)]
-pub fn bind_claim<'q>(
+/// `sql` (the claim statement, the replacement of a forgotten record, or a statement around one of
+/// them, such as an `EXPLAIN`) with a claim's eight binds, in the order those statements number
+/// them (`$1` to `$8`; the replacement adds the token it saw as `$9`).
+pub(crate) fn bind_claim<'q>(
     sql: &'q str,
     claim: &'q Claim<'q>,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
