@@ -61,17 +61,17 @@
 //!    (method, path with query, canonical body). The [`Engine`](crate::Engine) answers execute,
 //!    replay, or one of the problems below. A duplicate of a request still running waits for it (up
 //!    to the policy's `wait`) and then replays its response.
-//! 4. **Execute.** A 5xx response releases the key: the failure is not stored and a retry runs the
-//!    handler again. A panic or a cancelled request releases it too. Any other status (2xx, 3xx and
-//!    4xx alike) is stored and replayed to every retry.
+//! 4. **Execute.** The handler runs in a task of its own, its claim renewed, so a client that hangs
+//!    up cancels nothing. A 5xx response releases the key (unless the policy's `server_errors` stores
+//!    it) and a panic releases it too: a retry runs the handler again. Any other status (2xx, 3xx
+//!    and 4xx alike) is stored, retried until the store takes it, and replayed to every retry.
 //!
 //! # Transactional mode
 //!
 //! With `#[idempotent(transaction = "tx")]` and a handler parameter `tx: Tx<Postgres>` (or
-//! `Tx<Sqlite>`), step 4 runs inside one database transaction: the key is claimed in it, the handler
-//! writes through `tx`, and the response is stored in it before it commits. A 5xx, a panic or a
-//! cancellation rolls everything back; a failed commit answers 503 (`store-unavailable`) instead
-//! of the handler's response. The router state provides the store's
+//! `Tx<Sqlite>`), the handler's writes through `tx.conn()` and its stored response commit together
+//! after it returns. A 5xx or a panic rolls them back; a failed commit answers 503
+//! (`store-unavailable`) instead of the handler's response. The router state provides the store's
 //! [`Transactional`](crate::transaction::Transactional) engine through `FromRef`. See
 //! [`transaction`](crate::transaction) for the guarantees.
 //!

@@ -537,7 +537,6 @@ impl Purge for PostgresStore {
     }
 }
 
-/// Where a transactional claim keeps the session's `lock_timeout` while it waits with its own.
 impl crate::transaction::sealed::Sealed for PostgresStore {}
 impl crate::transaction::sealed::Sealed for Tx<sqlx::Postgres> {}
 
@@ -549,13 +548,9 @@ impl TxHandle for Tx<sqlx::Postgres> {
     }
 }
 
-/// Transactional mode (see [`crate::transaction`]): a fresh key is claimed by the message that
-/// opens the transaction (its `INSERT`, then the `BEGIN`), so the claim adds no round trip to the
-/// business transaction; a key with a record is claimed by the claim statement in a transaction of
-/// its own, which reads it. The claim blocks on the primary key while an identical request's transaction
-/// from another process (or another store on the database) runs, for at most the policy's `wait`
-/// (`SET LOCAL lock_timeout`, set in the same message and restored once the claim holds the key).
-/// Identical requests in this process wait for the key's turn instead, without a connection.
+/// Transactional mode (see [`crate::transaction`]): the business transaction is a plain one on the
+/// store's pool, and the completion is the `COMPLETE` statement inside it (with its `pg_notify`, sent
+/// when the transaction commits).
 #[async_trait::async_trait]
 impl TransactionalStore for PostgresStore {
     type Database = sqlx::Postgres;
