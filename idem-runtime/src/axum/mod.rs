@@ -113,6 +113,7 @@
 //! [`Engine::metrics`](crate::Engine::metrics).
 
 mod attempt;
+pub mod layer;
 #[doc(hidden)]
 pub mod private;
 pub mod problem;
@@ -122,6 +123,7 @@ mod run;
 pub mod scope;
 
 pub use attempt::Attempt;
+pub use layer::IdempotencyLayer;
 pub use problem::ProblemType;
 pub use scope::Scope;
 
