@@ -68,6 +68,9 @@ impl Store for CountingStore {
         self.calls.announce.fetch_add(1, Relaxed);
         self.inner.announce_waiter(key).await
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }
 
 /// What the proxy saw.

@@ -259,7 +259,8 @@ impl Engine {
             }),
             None => fut.await,
         };
-        self.inner.metrics.store_call(op, started.elapsed());
+        let store = self.inner.store.kind();
+        self.inner.metrics.store_call(store, op, started.elapsed());
         result
     }
 
@@ -323,13 +324,13 @@ impl Engine {
         let store = self.inner.store.as_ref();
         let mut deadline = None;
         let mut wait = DuplicateWait::default();
-        loop {
+        let decided = loop {
             let now = self.now();
             let claim = Claim::fresh(&key, fingerprint, now, policy);
             let found = match self.call("claim", store.claim(&claim)).await {
                 Ok(ClaimOutcome::Claimed { taken_over }) => {
                     self.record(Outcome::of_claim(taken_over), &key, policy);
-                    return Ok(Begin::Execute(ClaimGuard {
+                    break Ok(Begin::Execute(ClaimGuard {
                         engine: self.clone(),
                         fingerprint,
                         token: claim.token,
@@ -343,18 +344,18 @@ impl Engine {
                     }));
                 }
                 Ok(ClaimOutcome::Existing(record)) => record,
-                Err(e) => return Err(self.unavailable(e, &key, policy)),
+                Err(e) => break Err(self.unavailable(e, &key, policy)),
             };
             match classify(found, fingerprint, now) {
                 Found::Expired { expires_at } => {
                     self.record(Outcome::Expired, &key, policy);
-                    return Err(Rejection::Expired {
+                    break Err(Rejection::Expired {
                         expired_at: expires_at,
                     });
                 }
                 Found::Mismatch { expires_at } => {
                     self.record(Outcome::Mismatch, &key, policy);
-                    return Err(Rejection::Mismatch { expires_at });
+                    break Err(Rejection::Mismatch { expires_at });
                 }
                 Found::Completed {
                     response,
@@ -364,7 +365,7 @@ impl Engine {
                         self.record(Outcome::Waited, &key, policy);
                     }
                     self.record(Outcome::Replayed, &key, policy);
-                    return Ok(Begin::Replay(Replay {
+                    break Ok(Begin::Replay(Replay {
                         response,
                         expires_at,
                     }));
@@ -374,7 +375,7 @@ impl Engine {
                     let deadline = *deadline.get_or_insert(at + policy.wait);
                     if at >= deadline {
                         self.record(Outcome::Conflict, &key, policy);
-                        return Err(Rejection::InFlight {
+                        break Err(Rejection::InFlight {
                             retry_after: IN_FLIGHT_RETRY_AFTER,
                         });
                     }
@@ -384,11 +385,15 @@ impl Engine {
                     let subscribe = || store.subscribe(&key);
                     let announce = || self.call("announce", store.announce_waiter(&key));
                     if let Err(e) = wait.step(subscribe, announce, wake, timers).await {
-                        return Err(self.unavailable(e, &key, policy));
+                        break Err(self.unavailable(e, &key, policy));
                     }
                 }
             }
+        };
+        if let Some(waited) = wait.waited_for(timers) {
+            self.inner.metrics.waited(policy.handler, waited);
         }
+        decided
     }
 }
 

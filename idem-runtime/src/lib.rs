@@ -7,6 +7,9 @@
 //! - [`Engine`] is the claim / replay state machine, usable by hand.
 //! - [`store`] holds the storage contract and its backends (memory, SQLite, PostgreSQL, Redis).
 //! - [`Policy`] states ttl, lease, wait, what to do without a key, and what a replay returns.
+//! - `axum` (feature `axum`) protects handlers with the `#[idempotent]` attribute, or with
+//!   `IdempotencyLayer` for handlers that stay plain.
+//! - [`metrics`] counts every decision, also through the `metrics` facade (feature `metrics`).
 //! - [`sweeper::Sweeper`] purges records past retention in batches.
 //! - [`transaction`] (PostgreSQL, SQLite) claims inside the application's own transaction, so that
 //!   the effect and its stored response commit together: exactly once, even across crashes.

@@ -4,12 +4,36 @@
 //! [`Engine::metrics`](crate::Engine::metrics) and [`Metrics::snapshot`]. The counters only grow.
 //!
 //! With the `metrics` feature, every count also goes to the [`metrics`](https://docs.rs/metrics)
-//! facade, so any exporter (Prometheus, StatsD, ...) sees it:
+//! facade, so any exporter (Prometheus, StatsD, ...) sees it, with store calls and waits timed:
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `idem_requests_total` | counter | `handler`, `outcome` | every [`Outcome`], by its [name](Outcome::as_str) |
-//! | `idem_store_duration_seconds` | histogram | `op` | each store call: `claim`, `complete`, `release`, `renew`, `get`, `announce` |
+//! | `idem_requests_total` | counter | `handler`, `outcome` | every decision: an [`Outcome`], by its [name](Outcome::as_str) (table below) |
+//! | `idem_store_duration_seconds` | histogram | `store`, `op` | each store call, failed and timed-out ones included; `store` is the [store's kind](crate::Store::kind) (`memory`, `sqlite`, `postgres`, `redis`), `op` one of `claim`, `complete`, `release`, `renew`, `get`, `announce` |
+//! | `idem_wait_duration_seconds` | histogram | `handler` | how long a duplicate waited for the identical request in flight before it replayed, answered 409, or took the key over |
+//!
+//! `handler` is the handler's name (the function's, or [`Policy::handler`](crate::Policy::handler)
+//! for the layer). The `outcome` values:
+//!
+//! | `outcome` | counted when |
+//! |---|---|
+//! | `executed` | the handler ran for a fresh key |
+//! | `taken_over` | the handler ran after taking over a claim whose lease ran out |
+//! | `replayed` | a stored response was replayed (waited duplicates included) |
+//! | `waited` | a duplicate waited for the original, then replayed |
+//! | `mismatch` | the key was used for a different request (422) |
+//! | `conflict` | the original was still running at the end of the wait (409) |
+//! | `expired` | the key was past its ttl (410) |
+//! | `unavailable`, `busy` | the store failed, timed out, or had no free connection (503) |
+//! | `released` | a claim was given up after a 5xx or a panic, so that a retry runs again |
+//! | `renewed` | a running claim's lease was renewed |
+//! | `completion_failed` | an attempt to store a response failed (it is retried until it lands) |
+//! | `missing_key_passed` | a request without a key ran unprotected (`missing_key = "pass"`) |
+//! | `missing_key_rejected` | a request without a key was refused (400) |
+//! | `key_derived` | a key was derived from a request without one (`missing_key = "derive"`) |
+//! | `malformed_key` | the key was malformed or repeated (400) |
+//!
+//! [`describe`] gives each metric its help text in the installed recorder.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -121,12 +145,22 @@ impl Metrics {
         let _ = handler;
     }
 
-    /// Records how long one store call took.
-    pub(crate) fn store_call(&self, op: &'static str, took: Duration) {
+    /// Records how long one call to a store of kind `store` took.
+    pub(crate) fn store_call(&self, store: &'static str, op: &'static str, took: Duration) {
         #[cfg(feature = "metrics")]
-        ::metrics::histogram!("idem_store_duration_seconds", "op" => op).record(took.as_secs_f64());
+        ::metrics::histogram!("idem_store_duration_seconds", "store" => store, "op" => op)
+            .record(took.as_secs_f64());
         #[cfg(not(feature = "metrics"))]
-        let _ = (op, took);
+        let _ = (store, op, took);
+    }
+
+    /// Records how long a duplicate waited for the original in flight.
+    pub(crate) fn waited(&self, handler: &'static str, took: Duration) {
+        #[cfg(feature = "metrics")]
+        ::metrics::histogram!("idem_wait_duration_seconds", "handler" => handler)
+            .record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = (handler, took);
     }
 
     /// How many times `outcome` was counted.
@@ -141,4 +175,26 @@ impl Metrics {
             .map(|o| (o.as_str(), self.get(*o)))
             .collect()
     }
+}
+
+/// Registers the help text of idem's metrics with the `metrics` recorder installed now (exporters
+/// print it, as Prometheus's `# HELP` lines). Call it once, after installing the recorder.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe() {
+    use ::metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(
+        "idem_requests_total",
+        "Idempotency decisions, by handler and outcome."
+    );
+    describe_histogram!(
+        "idem_store_duration_seconds",
+        Unit::Seconds,
+        "Duration of idempotency store calls, by store kind and operation."
+    );
+    describe_histogram!(
+        "idem_wait_duration_seconds",
+        Unit::Seconds,
+        "Time a duplicate request waited for the identical request in flight, by handler."
+    );
 }

@@ -95,26 +95,55 @@ pub struct Policy {
     pub handler: &'static str,
 }
 
-/// A contradiction or out-of-range value in a [`Policy`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A contradiction or out-of-range value in a [`Policy`]. Its message is the one
+/// [`Policy::checked`] panics with, so an invalid policy reads the same wherever it is caught: in
+/// the `#[idempotent]` attribute's compile error (`policy = NAME`) and in
+/// the constructors of the axum feature's `IdempotencyLayer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// A duration that must be positive is zero.
-    #[error("`{0}` must be greater than zero")]
+    /// A duration that must be positive (`ttl`, `lease`, `derive_window`) is zero.
     Zero(&'static str),
     /// `ttl` or `retain` above [`MAX_TTL`].
-    #[error("`{0}` must be at most 366 days")]
     TooLong(&'static str),
     /// `retain` shorter than `ttl`.
-    #[error("`retain` must be at least `ttl`: tombstones outlive the keys they remember")]
     RetainShorterThanTtl,
     /// `derive_window` longer than `ttl`.
-    #[error("`derive_window` must not exceed `ttl`")]
     DeriveWindowLongerThanTtl,
     /// `reject_after` without `missing_key = pass`.
-    #[error("`reject_after` only applies with `missing_key = pass`")]
     RejectAfterWithoutPass,
+    /// `missing_key = derive` on keys shared by every caller (a global scope).
+    DeriveWithGlobalScope,
 }
+
+impl PolicyError {
+    /// The message, as `Display` writes it. A `const fn`, for [`Policy::checked`].
+    pub const fn message(&self) -> &'static str {
+        match self {
+            Self::Zero(field) => match field.as_bytes() {
+                b"ttl" => "idem policy: `ttl` must be greater than zero: a key forgotten at once protects nothing",
+                b"lease" => "idem policy: `lease` must be greater than zero: a claim must be held while the handler runs",
+                _ => "idem policy: `derive_window` must be greater than zero",
+            },
+            Self::TooLong(field) => match field.as_bytes() {
+                b"ttl" => "idem policy: `ttl` must be at most 366 days (one year): a longer value is almost certainly a unit mistake",
+                _ => "idem policy: `retain` must be at most 366 days (one year): a longer value is almost certainly a unit mistake",
+            },
+            Self::RetainShorterThanTtl => "idem policy: `retain` must be at least `ttl`: tombstones outlive the keys they remember",
+            Self::DeriveWindowLongerThanTtl => "idem policy: `derive_window` must not exceed `ttl`: a derived key cannot outlive the record",
+            Self::RejectAfterWithoutPass => "idem policy: `reject_after` only applies with `missing_key = pass` (pass requests without a key until the date, reject them from it)",
+            Self::DeriveWithGlobalScope => "idem policy: `missing_key = derive` cannot be used with a global scope: two callers sending the identical request would share one execution; scope the handler to its caller",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for PolicyError {}
 
 impl Policy {
     /// The defaults: ttl 24 h, retain 7 d, lease 30 s, wait 10 s, keys required, full replays,
@@ -257,34 +286,31 @@ impl Policy {
     }
 
     /// Panics at compile time when used in a `const` and the policy is invalid: `const P: Policy =
-    /// Policy::new().ttl(..).checked();` turns a contradiction into a build error.
+    /// Policy::new().ttl(..).checked();` turns a contradiction into a build error, with
+    /// [`PolicyError`]'s message.
     pub const fn checked(self) -> Self {
-        match self.validate() {
-            Ok(()) => self,
-            Err(PolicyError::Zero(_)) => {
-                panic!("idem policy: a duration that must be positive is zero")
-            }
-            Err(PolicyError::TooLong(_)) => {
-                panic!("idem policy: ttl and retain must be at most 366 days")
-            }
-            Err(PolicyError::RetainShorterThanTtl) => {
-                panic!("idem policy: `retain` must be at least `ttl`")
-            }
-            Err(PolicyError::DeriveWindowLongerThanTtl) => {
-                panic!("idem policy: `derive_window` must not exceed `ttl`")
-            }
-            Err(PolicyError::RejectAfterWithoutPass) => {
-                panic!("idem policy: `reject_after` only applies with `missing_key = pass`")
-            }
+        if let Err(error) = self.validate() {
+            panic!("{}", error.message());
         }
+        self
     }
-}
 
-impl Policy {
-    /// [`checked`](Self::checked), for a handler whose keys are shared by all callers
-    /// (`scope = "global"`): also refuses `missing_key = Derive`, under which two callers sending the
-    /// identical request within `derive_window` would share one execution and one response. The
-    /// `#[idempotent]` macro calls it for such handlers, so the mistake is a compile error.
+    /// [`validate`](Self::validate), for a handler whose keys are shared by all callers (a global
+    /// scope): also refuses `missing_key = Derive`, under which two callers sending the identical
+    /// request within `derive_window` would share one execution and one response.
+    pub const fn validate_for_global_scope(&self) -> Result<(), PolicyError> {
+        if let Err(error) = self.validate() {
+            return Err(error);
+        }
+        if let MissingKey::Derive = self.missing_key {
+            return Err(PolicyError::DeriveWithGlobalScope);
+        }
+        Ok(())
+    }
+
+    /// [`checked`](Self::checked) under [`validate_for_global_scope`](Self::validate_for_global_scope).
+    /// The `#[idempotent]` macro calls it for `scope = "global"` handlers, so the mistake is a
+    /// compile error.
     ///
     /// ```
     /// use idem_runtime::policy::{MissingKey, Policy};
@@ -292,11 +318,10 @@ impl Policy {
     /// # let _ = SHARED;
     /// ```
     pub const fn checked_for_global_scope(self) -> Self {
-        let policy = self.checked();
-        if let MissingKey::Derive = policy.missing_key {
-            panic!("idem policy: `missing_key = derive` cannot be used with `scope = \"global\"`: two callers sending the identical request would share one execution; scope the handler to its caller");
+        if let Err(error) = self.validate_for_global_scope() {
+            panic!("{}", error.message());
         }
-        policy
+        self
     }
 }
 

@@ -22,6 +22,8 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub(crate) struct DuplicateWait {
     subscription: Option<Subscription>,
+    /// When it first subscribed: the start of its wait.
+    since: Option<Instant>,
     /// Subscribed and announced since the record was last found in flight, so the next "in flight"
     /// means sleep.
     armed: bool,
@@ -41,6 +43,7 @@ impl DuplicateWait {
         if !self.armed {
             if self.subscription.is_none() {
                 self.subscription = Some(subscribe());
+                self.since = Some(timers.now());
             }
             announce().await?;
             self.armed = true;
@@ -58,7 +61,12 @@ impl DuplicateWait {
 
     /// Whether this request has waited (subscribed) at all.
     pub(crate) fn waited(&self) -> bool {
-        self.subscription.is_some()
+        self.since.is_some()
+    }
+
+    /// How long this request has waited, if it has.
+    pub(crate) fn waited_for(&self, timers: Timers) -> Option<std::time::Duration> {
+        self.since.map(|since| timers.now() - since)
     }
 }
 

@@ -165,6 +165,9 @@ impl<S: Store> Store for Observed<S> {
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         self.inner.announce_waiter(key).await
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }
 
 /// For shared stores, given two instances that share nothing but the server: through the engine, a

@@ -151,6 +151,9 @@ impl<S: Store> Store for Faulty<S> {
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         self.inner.announce_waiter(key).await
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }
 
 /// An app over a faulty store, on a manual clock, with the handler's gate open.

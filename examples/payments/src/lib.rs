@@ -20,11 +20,14 @@
 //!   Idempotent, scoped to the user, `Idempotency-Key` required.
 //! - `GET /payments`: the caller's payments, a JSON array, oldest first.
 //! - `GET /payments/{id}`: the payment's current state; 404 for another user's payment.
-//! - `POST /payments/{id}/refund` → 200 with `"status": "refunded"`. Idempotent, key required.
+//! - `POST /payments/{id}/refund` → 200 with `"status": "refunded"`. Idempotent, key required
+//!   (through `IdempotencyLayer` rather than the attribute: the two behave alike).
 //! - `POST /legacy/payments`: as `POST /payments`, for old app versions that send no key: without a
 //!   key, identical requests within 10 s count as one (`missing_key = "derive"`).
 //! - `GET /charges`: what the (simulated) card network did for the caller, one element per charge:
 //!   `{"id", "amount", "currency", "attempts", "refunded"}` (see [`card`]).
+//! - `GET /metrics`: the metrics in Prometheus's text format, idem's `idem_requests_total`,
+//!   `idem_store_duration_seconds` and `idem_wait_duration_seconds` among them (see [`metrics`]).
 //! - **Stopping.** SIGTERM or Ctrl-C: no new connections, the requests in progress answered, the
 //!   payments still running finished and stored, exit 0, within `SHUTDOWN_GRACE_MS`.
 //!
@@ -41,12 +44,14 @@ mod api;
 pub mod auth;
 pub mod card;
 pub mod ledger;
+pub mod metrics;
 pub mod serve;
 pub mod store;
 
 use axum::extract::FromRef;
 use axum::routing::{get, post};
 use axum::Router;
+use idem_runtime::axum::IdempotencyLayer;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::transaction::TransactionalStore;
@@ -249,7 +254,13 @@ pub async fn state(config: &Config) -> Result<AppState, StartError> {
     let ledger = Ledger::open(&config.database_url).await?;
     let records = store::open(config.idem_store_url.as_deref(), &ledger).await?;
     tracing::info!(records = %records.describe, "idempotency store ready");
-    let background = Background::own([tokio::spawn(records.sweeper.run())]);
+    // Installed before the engine decides anything, so that `GET /metrics` counts every decision.
+    let upkeep = metrics::prometheus().map(|handle| tokio::spawn(metrics::upkeep(handle)));
+    let background = Background::own(
+        [tokio::spawn(records.sweeper.run())]
+            .into_iter()
+            .chain(upkeep),
+    );
     let engine = Engine::from_arc(records.store);
     let transactional = match records.shared {
         Some(store::SharedStore::Sqlite(store)) => Some(Txn::Sqlite(
@@ -287,12 +298,19 @@ pub fn router(state: AppState) -> Router {
         }),
         None => post(api::create_payment),
     };
+    // The refund's handler is plain: the layer protects it as the attribute protects the creates.
+    let refunds =
+        IdempotencyLayer::new(state.engine.clone(), api::REFUNDS).scope::<auth::AuthUser>();
     Router::new()
         .route("/payments", create.get(api::list_payments))
         .route("/payments/{id}", get(api::get_payment))
-        .route("/payments/{id}/refund", post(api::refund_payment))
+        .route(
+            "/payments/{id}/refund",
+            post(api::refund_payment).route_layer(refunds),
+        )
         .route("/legacy/payments", post(api::create_legacy_payment))
         .route("/charges", get(api::list_charges))
+        .route("/metrics", get(metrics::render))
         .with_state(state)
 }
 

@@ -43,6 +43,13 @@
 //!
 //! A router whose whole state is the engine works too: `Router::new().with_state(engine)`.
 //!
+//! # Without the attribute
+//!
+//! [`IdempotencyLayer`] gives plain handlers the same protection as a tower layer:
+//! `post(refund).route_layer(IdempotencyLayer::new(engine, POLICY).scope::<AuthUser>())`. It
+//! behaves as described below, except that the handler's own extractors run after the key is
+//! claimed, and it has no transactional mode (see its documentation).
+//!
 //! # What a request goes through
 //!
 //! 1. **Body and extractors.** The body is read once (up to the handler's limit, else 413) and the
@@ -110,9 +117,11 @@
 //!
 //! Every decision is a `tracing` event with target `idem` and fields `outcome`, `handler`, `scope`
 //! and `key` (never bodies; a malformed key's value is not logged). The counters are in
-//! [`Engine::metrics`](crate::Engine::metrics).
+//! [`Engine::metrics`](crate::Engine::metrics), and with the `metrics` feature in the
+//! [`metrics`](crate::metrics) facade.
 
 mod attempt;
+pub mod layer;
 #[doc(hidden)]
 pub mod private;
 pub mod problem;
@@ -122,6 +131,7 @@ mod run;
 pub mod scope;
 
 pub use attempt::Attempt;
+pub use layer::IdempotencyLayer;
 pub use problem::ProblemType;
 pub use scope::Scope;
 

@@ -251,6 +251,7 @@ where
     F: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
+    let policy = super::run::KeyPolicy::Static(policy);
     super::run::run(engine.0, policy, scope.into_owned(), request, handler)
 }
 

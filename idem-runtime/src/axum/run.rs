@@ -37,6 +37,7 @@ use ::axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// What the request's headers and the policy say about the key.
@@ -50,11 +51,11 @@ enum KeyDecision {
     Pass,
 }
 
-/// The policy a keyed request runs under: the handler's own, or, for a derived key, its
-/// derive-window variant.
-enum KeyPolicy {
-    Handler(&'static Policy),
-    Derived(Box<Policy>),
+/// The policy a request runs under: the attribute's constant, or one shared by reference count
+/// (the layer's, or a derived key's derive-window variant of the handler's).
+pub(crate) enum KeyPolicy {
+    Static(&'static Policy),
+    Shared(Arc<Policy>),
 }
 
 impl std::ops::Deref for KeyPolicy {
@@ -62,8 +63,8 @@ impl std::ops::Deref for KeyPolicy {
 
     fn deref(&self) -> &Policy {
         match self {
-            KeyPolicy::Handler(policy) => policy,
-            KeyPolicy::Derived(policy) => policy,
+            KeyPolicy::Static(policy) => policy,
+            KeyPolicy::Shared(policy) => policy,
         }
     }
 }
@@ -80,28 +81,23 @@ enum Keyed {
 
 /// Fingerprints the request and reads its key; answers with a problem if the key is malformed or
 /// missing where required.
-fn keyed(
-    engine: &Engine,
-    policy: &'static Policy,
-    scope: String,
-    request: &RequestContext,
-) -> Keyed {
+fn keyed(engine: &Engine, policy: KeyPolicy, scope: String, request: &RequestContext) -> Keyed {
     if request.safe_method {
         return Keyed::Pass;
     }
     let fingerprint = request.fingerprint;
-    match decide_key(engine, policy, &scope, &request.key, fingerprint) {
+    match decide_key(engine, &policy, &scope, &request.key, fingerprint) {
         Ok(KeyDecision::Given(key)) => Keyed::Key(
             RecordKey::new(scope, key.into_string()),
             fingerprint,
-            KeyPolicy::Handler(policy),
+            policy,
         ),
         // The derived key lives for the window only and leaves no tombstone: after the window,
         // the same request is a new request, not an expired key.
         Ok(KeyDecision::Derived(key)) => Keyed::Key(
             RecordKey::derived(scope, &key),
             fingerprint,
-            KeyPolicy::Derived(Box::new(
+            KeyPolicy::Shared(Arc::new(
                 policy
                     .ttl(policy.derive_window)
                     .retain(policy.derive_window),
@@ -115,7 +111,7 @@ fn keyed(
 /// Claims the key, then runs `handler` detached from the request (see the module documentation).
 pub(crate) async fn run<F, R>(
     engine: Engine,
-    policy: &'static Policy,
+    policy: KeyPolicy,
     scope: String,
     request: RequestContext,
     handler: F,
@@ -165,9 +161,10 @@ where
     R: IntoResponse,
 {
     let engine = txn.engine();
-    let (key, fingerprint, policy) = match keyed(engine, policy, scope, &request) {
+    let (key, fingerprint, policy) = match keyed(engine, KeyPolicy::Static(policy), scope, &request)
+    {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => return pass_transactional(txn, policy, handler).await,
+        Keyed::Pass => return pass_transactional(txn, policy.handler, handler).await,
         Keyed::Answered(response) => return response,
     };
     let guard = match claim(engine, key, fingerprint, &policy, request.attempt).await {
@@ -298,7 +295,7 @@ async fn panicked(guard: ClaimGuard, policy: &Policy) -> Response {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn pass_transactional<T, F, Fut, R>(
     txn: &Transactional<T::Store>,
-    policy: &'static Policy,
+    name: &'static str,
     handler: F,
 ) -> Response
 where
@@ -311,7 +308,7 @@ where
     let (lent, back) = tx.lend();
     let response = handler(T::from_tx(lent)).await.into_response();
     if !back.restore(&mut tx) {
-        tracing::error!(target: "idem", handler = policy.handler,
+        tracing::error!(target: "idem", handler = name,
             "the handler kept its idem transaction past its end; nothing was committed");
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
@@ -321,7 +318,7 @@ where
     match tx.commit().await {
         Ok(()) => response,
         Err(error) => {
-            tracing::warn!(target: "idem", handler = policy.handler, %error,
+            tracing::warn!(target: "idem", handler = name, %error,
                 "could not commit a request without a key");
             not_committed(txn.engine().unavailable_retry_after())
         }

@@ -105,6 +105,9 @@ impl MemoryStore {
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut records = self.lock();
         records.evict(claim.now, EVICT_PER_CLAIM);

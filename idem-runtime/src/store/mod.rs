@@ -261,6 +261,11 @@ pub trait Store: Send + Sync + 'static {
         let _ = key;
         Ok(())
     }
+    /// What kind of store this is (`memory`, `sqlite`, `postgres`, `redis`), for the `store` label
+    /// of idem's [metrics](crate::metrics). A store that wraps another forwards it.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
 }
 
 /// Deleting records past retention, in batches.
@@ -304,6 +309,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         (**self).announce_waiter(key).await
+    }
+    fn kind(&self) -> &'static str {
+        (**self).kind()
     }
 }
 

@@ -471,6 +471,9 @@ async fn migrate_on(own: &PgPool) -> Result<(), StoreError> {
 
 #[async_trait::async_trait]
 impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut conn = self.acquire().await?;
         ops::claim(&mut conn, claim).await

@@ -365,6 +365,9 @@ fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         // Replays, mismatches and in-flight duplicates are answered by a plain read, which under WAL
         // takes neither the write gate nor the file's write lock. Only a key that is absent, past

@@ -1,7 +1,9 @@
 //! A test service for the HTTP behaviour of idem on axum, driven in process with `oneshot`.
 //!
-//! The handlers use the `#[idempotent]` attribute, except one written by hand in the form the
-//! attribute expands to (see `idem_runtime::__private`), which pins that expansion contract.
+//! Every route exists twice: in [`router`], whose handlers use the `#[idempotent]` attribute
+//! (except one written by hand in the form the attribute expands to, see `idem_runtime::__private`,
+//! which pins that expansion contract), and in [`layered_router`], whose plain handlers sit under
+//! an `IdempotencyLayer` with the same policy. [`http_test!`] runs each test case against both.
 
 #![allow(dead_code)]
 
@@ -14,10 +16,10 @@ use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use idem_runtime::__private::{run, scope_id, Policy, WithBody};
-use idem_runtime::axum::Scope;
+use idem_runtime::axum::{Attempt, IdempotencyLayer, Scope};
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::idempotent;
-use idem_runtime::policy::MissingKey;
+use idem_runtime::policy::{MissingKey, ReplayMode};
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
 use idem_runtime::{Engine, FencingToken, Record, RecordKey, StoredResponse};
@@ -25,6 +27,7 @@ use serde::Deserialize;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
@@ -86,6 +89,9 @@ impl Store for TestStore {
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
         self.inner.announce_waiter(key).await
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }
 
 /// The router state: the engine (through `FromRef`) and what the tests observe.
@@ -142,8 +148,37 @@ impl Probe {
     }
 }
 
+/// Defines the test `$name` twice: `$name::attribute` runs its body against [`router`] (the
+/// `#[idempotent]` handlers), `$name::layer` against [`layered_router`] (`IdempotencyLayer`).
+#[allow(unused_macros)] // not every test file uses it
+macro_rules! http_test {
+    ($(#[$attr:meta])* async fn $name:ident($h:ident) $body:block) => {
+        mod $name {
+            use super::*;
+
+            async fn case($h: Harness) $body
+
+            $(#[$attr])*
+            async fn attribute() {
+                case(Harness::new()).await
+            }
+
+            $(#[$attr])*
+            async fn layer() {
+                case(Harness::layered()).await
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use http_test;
+
 pub struct Harness {
     pub router: Router,
+    /// How the router was built from its state: [`router`] or [`layered_router`].
+    pub build: fn(App) -> Router,
+    /// Whether the routes are protected by `IdempotencyLayer` (else by the attribute).
+    pub layered: bool,
     pub store: Arc<TestStore>,
     pub clock: ManualClock,
     pub engine: Engine,
@@ -151,17 +186,29 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// Over [`router`]: the `#[idempotent]` handlers.
     pub fn new() -> Self {
+        Self::with(router, false)
+    }
+
+    /// Over [`layered_router`]: the plain handlers under `IdempotencyLayer`.
+    pub fn layered() -> Self {
+        Self::with(layered_router, true)
+    }
+
+    fn with(build: fn(App) -> Router, layered: bool) -> Self {
         let store = Arc::new(TestStore::default());
         let clock = ManualClock::new(Timestamp::from_millis(START_MS));
         let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
         let probe = Probe::new();
-        let router = router(App {
+        let router = build(App {
             engine: engine.clone(),
             probe: probe.clone(),
         });
         Self {
             router,
+            build,
+            layered,
             store,
             clock,
             engine,
@@ -350,6 +397,92 @@ async fn create_payment(
     .await
 }
 
+/// Full mode, but the stored-body cap (8 bytes) is smaller than the response.
+const TINY_STORED_BODY: idem_runtime::Policy = idem_runtime::Policy::new().max_stored_body(8);
+
+/// `reject_after` one hour after the test clock's start (not a midnight, so a named policy).
+pub const DEADLINE_MS: i64 = START_MS + 3_600_000;
+const PASS_UNTIL_DEADLINE: idem_runtime::Policy = idem_runtime::Policy::new()
+    .missing_key(MissingKey::Pass)
+    .reject_after_ms(DEADLINE_MS);
+
+/// What `/orders` takes: an enum of each of serde_json's two forms, a nested struct and fields
+/// the type does not know.
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct NewOrder {
+    pub currency: Currency,
+    pub items: Vec<Item>,
+    pub delivery: Delivery,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub enum Currency {
+    #[serde(rename = "KRW")]
+    Won,
+    #[serde(rename = "EUR")]
+    Euro,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct Item {
+    pub sku: String,
+    pub quantity: u32,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub enum Delivery {
+    Pickup,
+    Courier { address: String },
+}
+
+/// What `/readings` takes: an `f32`, which serde_json parses at single precision, so its
+/// fingerprint comes from a second parse of the body.
+#[derive(Debug, Deserialize)]
+pub struct Reading {
+    pub celsius: f32,
+}
+
+/// Under the router's `DefaultBodyLimit` of this many bytes (`/limited`), or under a middleware
+/// that limits the body to as many (`/outer-limited`, as tower-http's `RequestBodyLimit` does).
+pub const ROUTER_LIMIT: usize = 48;
+
+/// What `/lenient` takes: a field that keeps what deserializes and drops the rest, so bodies that
+/// differ can deserialize to the same value.
+#[derive(Debug, Deserialize)]
+pub struct LenientPayment {
+    pub amount: i64,
+    #[serde(default, deserialize_with = "lenient_number")]
+    pub note: Option<u32>,
+}
+
+fn lenient_number<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<u32>::deserialize(de).ok().flatten())
+}
+
+/// Wraps the body in a limit, as body-limiting middleware does (tower-http's `RequestBodyLimit`).
+async fn limit_the_body(request: Request<Body>) -> Request<Body> {
+    request.map(|body| Body::new(http_body_util::Limited::new(body, ROUTER_LIMIT)))
+}
+
+/// Defines each handler twice: in `attr` under its `#[idempotent(...)]`, and in `plain` as written
+/// without it (for [`layered_router`], which states the same policy to `IdempotencyLayer`).
+macro_rules! handlers {
+    ($($(#[doc = $doc:literal])* #[idempotent($($args:tt)*)]
+       async fn $name:ident($($params:tt)*) -> $ret:ty $body:block)*) => {
+        mod attr {
+            use super::*;
+            $($(#[doc = $doc])* #[idempotent($($args)*)]
+              pub(super) async fn $name($($params)*) -> $ret $body)*
+        }
+        #[allow(unused_variables)] // the `user` parameter is the attribute's scope
+        mod plain {
+            use super::*;
+            $($(#[doc = $doc])* pub(super) async fn $name($($params)*) -> $ret $body)*
+        }
+    };
+}
+
+handlers! {
 /// Another endpoint with the same body shape.
 #[idempotent(scope = "user")]
 async fn create_refund(
@@ -368,9 +501,6 @@ async fn minimal_payment(
 ) -> Response {
     created(probe.call(), &user, &req)
 }
-
-/// Full mode, but the stored-body cap (8 bytes) is smaller than the response.
-const TINY_STORED_BODY: idem_runtime::Policy = idem_runtime::Policy::new().max_stored_body(8);
 
 #[idempotent(scope = "user", policy = TINY_STORED_BODY)]
 async fn big_response(
@@ -487,12 +617,6 @@ async fn pass_missing(
     created(probe.call(), &user, &req)
 }
 
-/// `reject_after` one hour after the test clock's start (not a midnight, so a named policy).
-pub const DEADLINE_MS: i64 = START_MS + 3_600_000;
-const PASS_UNTIL_DEADLINE: idem_runtime::Policy = idem_runtime::Policy::new()
-    .missing_key(MissingKey::Pass)
-    .reject_after_ms(DEADLINE_MS);
-
 #[idempotent(scope = "user", policy = PASS_UNTIL_DEADLINE)]
 async fn pass_until_deadline(
     State(probe): State<Probe>,
@@ -509,35 +633,6 @@ async fn derive_missing(
     Json(req): Json<NewPayment>,
 ) -> Response {
     created(probe.call(), &user, &req)
-}
-
-/// What `/orders` takes: an enum of each of serde_json's two forms, a nested struct and fields
-/// the type does not know.
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub struct NewOrder {
-    pub currency: Currency,
-    pub items: Vec<Item>,
-    pub delivery: Delivery,
-}
-
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub enum Currency {
-    #[serde(rename = "KRW")]
-    Won,
-    #[serde(rename = "EUR")]
-    Euro,
-}
-
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub struct Item {
-    pub sku: String,
-    pub quantity: u32,
-}
-
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub enum Delivery {
-    Pickup,
-    Courier { address: String },
 }
 
 /// Echoes the order as the handler received it.
@@ -560,13 +655,6 @@ async fn create_order(
     )
 }
 
-/// What `/readings` takes: an `f32`, which serde_json parses at single precision, so its
-/// fingerprint comes from a second parse of the body.
-#[derive(Debug, Deserialize)]
-pub struct Reading {
-    pub celsius: f32,
-}
-
 #[idempotent(scope = "user")]
 async fn record_reading(
     State(probe): State<Probe>,
@@ -578,23 +666,6 @@ async fn record_reading(
         StatusCode::CREATED,
         format!("reading {n} by {}: {}", user.0, reading.celsius),
     )
-}
-
-/// Under the router's `DefaultBodyLimit` of this many bytes (`/limited`), or under a middleware
-/// that limits the body to as many (`/outer-limited`, as tower-http's `RequestBodyLimit` does).
-pub const ROUTER_LIMIT: usize = 48;
-
-/// What `/lenient` takes: a field that keeps what deserializes and drops the rest, so bodies that
-/// differ can deserialize to the same value.
-#[derive(Debug, Deserialize)]
-pub struct LenientPayment {
-    pub amount: i64,
-    #[serde(default, deserialize_with = "lenient_number")]
-    pub note: Option<u32>,
-}
-
-fn lenient_number<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u32>, D::Error> {
-    Ok(Option::<u32>::deserialize(de).ok().flatten())
 }
 
 #[idempotent(scope = "user")]
@@ -610,9 +681,12 @@ async fn lenient_payment(
     )
 }
 
-/// Wraps the body in a limit, as body-limiting middleware does (tower-http's `RequestBodyLimit`).
-async fn limit_the_body(request: Request<Body>) -> Request<Body> {
-    request.map(|body| Body::new(http_body_util::Limited::new(body, ROUTER_LIMIT)))
+/// Answers with the downstream key of its run (the `Attempt` extractor).
+#[idempotent(scope = "user")]
+async fn downstream(State(probe): State<Probe>, user: User, attempt: Attempt) -> impl IntoResponse {
+    probe.call();
+    let key = attempt.downstream_key().unwrap_or("none").to_owned();
+    (StatusCode::CREATED, format!("{key} taken over: {}", attempt.taken_over()))
 }
 
 /// `scope = "global"`, with a head-only last extractor (the `ViaPartsExtractor` impl).
@@ -621,8 +695,20 @@ async fn global_ping(State(probe): State<Probe>, user: User) -> impl IntoRespons
     let n = probe.call();
     (StatusCode::OK, format!("pong {n} for {}", user.0))
 }
+}
 
+/// `create_payment` as a plain handler.
+async fn plain_create_payment(
+    State(probe): State<Probe>,
+    user: User,
+    Json(req): Json<NewPayment>,
+) -> Response {
+    created(probe.call(), &user, &req)
+}
+
+/// The routes, with the `#[idempotent]` handlers.
 pub fn router(app: App) -> Router {
+    use attr::*;
     Router::new()
         .route("/payments", post(create_payment))
         .route("/refunds", post(create_refund))
@@ -651,5 +737,118 @@ pub fn router(app: App) -> Router {
             post(create_payment).layer(axum::middleware::map_request(limit_the_body)),
         )
         .route("/lenient", post(lenient_payment))
+        .route("/downstream", post(downstream))
+        .with_state(app)
+}
+
+/// The same routes, with the plain handlers under `IdempotencyLayer`, each with the policy its
+/// attribute states in [`router`].
+pub fn layered_router(app: App) -> Router {
+    use plain::*;
+    let engine = app.engine.clone();
+    let idem = |name: &'static str, policy: Policy| {
+        IdempotencyLayer::new(engine.clone(), policy.handler(name)).scope::<User>()
+    };
+    let default = Policy::new();
+    Router::new()
+        .route(
+            "/payments",
+            post(plain_create_payment).route_layer(idem("create_payment", WITH_REQUEST_REF)),
+        )
+        .route(
+            "/refunds",
+            post(create_refund).route_layer(idem("create_refund", default)),
+        )
+        .route(
+            "/minimal",
+            post(minimal_payment)
+                .route_layer(idem("minimal_payment", default.replay(ReplayMode::Minimal))),
+        )
+        .route(
+            "/big",
+            post(big_response).route_layer(idem("big_response", TINY_STORED_BODY)),
+        )
+        .route(
+            "/broken-stream",
+            post(broken_stream).route_layer(idem("broken_stream", default)),
+        )
+        .route("/flaky", post(flaky).route_layer(idem("flaky", default)))
+        .route(
+            "/declined",
+            post(declined).route_layer(idem("declined", default)),
+        )
+        .route(
+            "/panicking",
+            post(panicking).route_layer(idem("panicking", default)),
+        )
+        .route("/gated", post(gated).route_layer(idem("gated", default)))
+        .route(
+            "/gated-no-wait",
+            post(gated_no_wait).route_layer(idem(
+                "gated_no_wait",
+                default.wait(Duration::ZERO).lease(Duration::from_secs(30)),
+            )),
+        )
+        .route(
+            "/short-ttl",
+            post(short_ttl).route_layer(idem("short_ttl", default.ttl(Duration::from_secs(60)))),
+        )
+        .route(
+            "/small",
+            post(small_body).route_layer(idem("small_body", default.max_request_body(40))),
+        )
+        .route(
+            "/pass",
+            post(pass_missing)
+                .route_layer(idem("pass_missing", default.missing_key(MissingKey::Pass))),
+        )
+        .route(
+            "/deadline",
+            post(pass_until_deadline).route_layer(idem("pass_until_deadline", PASS_UNTIL_DEADLINE)),
+        )
+        .route(
+            "/derive",
+            post(derive_missing).route_layer(idem(
+                "derive_missing",
+                default
+                    .missing_key(MissingKey::Derive)
+                    .derive_window(Duration::from_secs(10)),
+            )),
+        )
+        .route(
+            "/ping",
+            post(global_ping).route_layer(
+                IdempotencyLayer::new(engine.clone(), default.handler("global_ping"))
+                    .global_scope(),
+            ),
+        )
+        .route(
+            "/orders",
+            post(create_order).route_layer(idem("create_order", default)),
+        )
+        .route(
+            "/readings",
+            post(record_reading).route_layer(idem("record_reading", default)),
+        )
+        .route(
+            "/limited",
+            post(create_refund)
+                .route_layer(idem("create_refund", default))
+                .layer(axum::extract::DefaultBodyLimit::max(ROUTER_LIMIT)),
+        )
+        .route(
+            "/outer-limited",
+            post(plain_create_payment)
+                .route_layer(idem("create_payment", WITH_REQUEST_REF))
+                .layer(axum::middleware::map_request(limit_the_body)),
+        )
+        .route(
+            "/lenient",
+            post(lenient_payment).route_layer(idem("lenient_payment", default)),
+        )
+        .route(
+            "/downstream",
+            post(downstream).route_layer(idem("downstream", default)),
+        )
         .with_state(app)
 }

@@ -480,6 +480,9 @@ impl RedisStore {
 
 #[async_trait::async_trait]
 impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut conn = self.conn().await?;
         let key = self.key(claim.key);
