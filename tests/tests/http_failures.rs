@@ -329,7 +329,8 @@ http_test! {
         assert_eq!(h.store.claims.load(Ordering::SeqCst), claims);
         assert_eq!(h.probe.calls(), 0);
 
-        // A media type is accepted exactly when axum's `Json` accepts it, however it is written.
+        // A media type is accepted exactly when axum's `Json` accepts it, however it is written, and
+        // also with whitespace before it or its parameters, which HTTP allows and axum refuses.
         for (i, content_type) in [
             "application/json",
             "application/json; charset=utf-8",
@@ -354,7 +355,8 @@ http_test! {
                 .send(post_as("/refunds", Some(content_type), &key, PAY_1000))
                 .await;
             let axums = axums_answer(post_as("/refunds", Some(content_type), &key, PAY_1000)).await;
-            if axums.status == 201 {
+            let spaced = content_type.starts_with(' ') || content_type.contains(" ;");
+            if axums.status == 201 || spaced {
                 assert_eq!(ours.status, 201, "{content_type}: {:?}", ours.body);
             } else {
                 assert_eq!(

@@ -38,7 +38,7 @@
 //!     .route_layer(layer);
 //! ```
 
-use super::request::{context, read_body};
+use super::request::{context, read_body, tidy_media_type};
 use super::run::{run, KeyPolicy};
 use super::{Attempt, Scope};
 use crate::engine::Engine;
@@ -290,6 +290,7 @@ where
             };
             parts.extensions.get_or_insert_default::<Attempt>();
             let request_context = context(&parts, &bytes);
+            tidy_media_type(&mut parts.headers);
             let request = Request::from_parts(parts, Body::from(bytes));
             let handler = async move {
                 let Ok(response) = inner.call(request).await;

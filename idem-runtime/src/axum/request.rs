@@ -116,7 +116,7 @@ pub(crate) async fn extract_from<S, T: FromRequest<S>>(
 
 /// HTTP allows whitespace before a media type's parameters (`application/json ; charset=utf-8`),
 /// which axum's `Json` refuses with a 415: the handler's extractor sees the type without it.
-fn tidy_media_type(headers: &mut HeaderMap) {
+pub(crate) fn tidy_media_type(headers: &mut HeaderMap) {
     let Some(Ok(value)) = headers.get(CONTENT_TYPE).map(|v| v.to_str()) else {
         return;
     };
