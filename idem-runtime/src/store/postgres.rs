@@ -16,78 +16,41 @@
 //!
 //! # Schema and migrations
 //!
-//! Records live in `idem.records` (primary key `(scope, key)`, times as BIGINT milliseconds, an index
-//! on `retain_until` for the sweeper). The migrations are embedded (`migrations/postgres/`) and run
-//! by [`PostgresStore::connect`], [`PostgresStore::from_pool`] or [`PostgresStore::migrate`]. They run
-//! with `search_path = idem`, so their history is kept in `idem._sqlx_migrations`, apart from the
-//! application's own `_sqlx_migrations`: an application's sqlx migrator in the same database needs no
-//! `set_ignore_missing`, and neither sees the other's versions. Creating the schema needs the `CREATE`
-//! privilege on the database the first time (or a `CREATE SCHEMA idem` by an administrator); later
-//! starts need none.
-//!
-//! idem's migrations only add (a column with a default, a function) and never change what an
-//! earlier version reads or writes, so instances of two versions can share the database during a
-//! rolling deploy or a rollback. For that, an instance ignores versions in the history that it does
-//! not know (sqlx's `ignore_missing`): an earlier version started after a later one migrated starts
-//! normally instead of failing with "migration … was previously applied but is missing".
+//! Records live in `idem.records` (primary key `(scope, key)`, times as BIGINT milliseconds, an
+//! index on `retain_until`). The embedded migrations (`migrations/postgres/`) run at start-up with
+//! `search_path = idem`, so their history stays apart from the application's own
+//! `_sqlx_migrations`. Creating the schema needs the `CREATE` privilege the first time. Migrations
+//! only add, and an instance ignores versions it does not know, so two versions can share the
+//! database during a rolling deploy.
 //!
 //! # Statements
 //!
-//! - **Claim**: one statement, one round trip, whether the key is new or a replay: a primary-key
-//!   read, then, `UNION ALL … LIMIT 1`, a call of the PL/pgSQL function `idem.insert_claim`, which
-//!   PostgreSQL executes only when the read found no record. That function `INSERT … ON CONFLICT DO
-//!   NOTHING`s the fresh record and, if an identical claim got there first, returns that one instead,
-//!   read under its own snapshot. A replay is thus a plain primary-key read that writes nothing and
-//!   whose plan holds no INSERT: no `DO UPDATE`, which would write and flush on every replay, and no
-//!   INSERT in the statement itself, whose executor state PostgreSQL sets up on every execution even
-//!   when nothing is inserted (that cost replays ~28% of their throughput under pgbench; the function
-//!   costs a new key's claim ~9%, the fsync of its commit dominating). If the function finds nothing
-//!   either (the concurrent record was deleted meanwhile, released or purged), the claim runs the
-//!   statement again (bounded). The order of the two branches is what keeps the INSERT off a
-//!   replay's path: a plan without parallel workers runs `Append`'s children in order, and the
-//!   function, like every function by default, is `PARALLEL UNSAFE`, so no parallel plan is made.
-//!   Under a database whose default isolation is REPEATABLE READ or SERIALIZABLE, a claim that meets
-//!   an identical claim's row committed after its snapshot fails with a serialization error (503,
-//!   retryable) instead of re-reading (the earlier statement failed the same way); idem's
-//!   statements assume the default READ COMMITTED.
-//!   Taking over a dead lease, or replacing a record past retention, is a second, conditional
-//!   `UPDATE … WHERE token = <the token seen> AND <the takeover rule>`: if anyone changed the record
-//!   meanwhile, nothing is written and the claim starts over. Nothing in flight or completed is ever
-//!   overwritten.
-//! - **Complete** and **release**: one statement each, guarded by the fencing token and the in-flight
-//!   state; if a duplicate waits for the record (its `watched` flag, set by
-//!   [`Store::announce_waiter`]), the same statement calls `pg_notify`, so the notification is sent
-//!   exactly when the change commits. Records nobody waits for send none: a transaction that notified
-//!   takes a database-wide lock from its commit until the commit is flushed, which would serialise
-//!   every completing commit (measured with pgbench in `benches/pgbench/`: 2,586 → 714 commits per
-//!   second at 16 clients).
-//! - **Announce**: the first duplicate to wait for an in-flight record sets its `watched` flag (one
-//!   `UPDATE`; later duplicates write nothing).
-//! - **Purge**: one `DELETE` of at most a batch of rows found through the `retain_until` index,
-//!   oldest first, skipping rows locked by a concurrent claim (`FOR UPDATE SKIP LOCKED`).
+//! - **Claim**: one round trip, new key or replay: a primary-key read, `UNION ALL` a call of
+//!   `idem.insert_claim` that PostgreSQL runs only when the read found nothing (`INSERT … ON CONFLICT
+//!   DO NOTHING`, returning the concurrent winner's record if there was one). A replay is a plain
+//!   read that writes nothing. A takeover, or the replacement of a record past retention, is a
+//!   second, conditional `UPDATE` that re-checks the token it read. The statements assume READ
+//!   COMMITTED.
+//! - **Complete**, **release**, **renew**: one statement each, fenced by the token and the
+//!   in-flight state. Completion and release call `pg_notify` in the same statement only if a
+//!   duplicate announced itself (the `watched` flag): a notifying commit takes a database-wide lock,
+//!   which would otherwise serialise every completion.
+//! - **Purge**: one `DELETE` of at most a batch of rows past retention, skipping locked rows.
 //!
 //! # Waking waiters across instances
 //!
-//! Completion and release of an awaited record send a notification on the channel [`CHANNEL`] whose
-//! payload is the JSON array `[scope, key]`. Each store runs one background task holding a
-//! [`PgListener`] on its own connection (not one of the pool's); for each notification it wakes that
-//! key's local subscribers.
-//! PostgreSQL limits payloads to 8000 bytes, which a payload of two bounded parts
-//! ([`RecordKey::MAX_PART`]) never reaches. [`PostgresStore::from_pool`] and
-//! [`PostgresStore::connect`] return once the listener listens, so no waiter subscribes before it
-//! does; whenever it reconnects (or first listens after a constructor that did not wait for it),
-//! notifications may have been missed, so it wakes every local waiter to re-read its record. While
-//! the listener cannot connect, waiters still wake at the lease end or their deadline, as the engine
-//! bounds every wait. The task stops when the store is dropped.
+//! Completions and releases of awaited records notify the channel [`CHANNEL`] with `[scope, key]`
+//! as JSON. Each store keeps one [`PgListener`] on a connection of its own and wakes that key's
+//! local waiters; after it (re)connects, it wakes every local waiter to re-read its record. While it
+//! cannot connect, waiters still wake at the lease's end or their deadline.
 //!
 //! # Outages
 //!
-//! Every database error is [`StoreErrorKind::Unavailable`](super::StoreErrorKind::Unavailable) (HTTP
-//! 503), with the sqlx error as its source; a row that cannot be decoded is
-//! [`Corrupt`](super::StoreErrorKind::Corrupt). Pools made by [`PostgresStore::pool_options`] give up
-//! acquiring a connection after [`DEFAULT_ACQUIRE_TIMEOUT`], so an outage gives a prompt error rather
-//! than a hung request, and when the server returns the store resumes by itself (see
-//! [`PostgresStore::pool_options`] for the one failed request per stale connection).
+//! A database error is [`Unavailable`](super::StoreErrorKind::Unavailable) (503); a pool whose
+//! connections are all in use is [`Busy`](super::StoreErrorKind::Busy) (503 `busy`); an
+//! undecodable row is [`Corrupt`](super::StoreErrorKind::Corrupt). Pools from
+//! [`PostgresStore::pool_options`] give up acquiring after [`DEFAULT_ACQUIRE_TIMEOUT`], and the store
+//! resumes by itself when the server returns.
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
