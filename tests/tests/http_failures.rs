@@ -144,6 +144,26 @@ http_test! {
 
 http_test! {
     #[tokio::test]
+    async fn a_stored_server_error_is_replayed_and_never_run_again(h) {
+        // `server_errors = "store"`: a 504 may come after the effect happened, so it is kept.
+        let failed = h
+            .send(json_post("/flaky-stored", "alice", &["k1"], PAY_1000))
+            .await;
+        assert_eq!(failed.status, 504);
+        assert!(failed.headers.contains_key("idempotency-expires"));
+        let retry = h
+            .send(json_post("/flaky-stored", "alice", &["k1"], PAY_1000))
+            .await;
+        assert_eq!(retry.status, 504);
+        assert!(retry.replayed());
+        assert_eq!(&retry.body[..], &failed.body[..]);
+        assert_eq!(h.probe.calls(), 1);
+        assert_eq!(h.count(Outcome::Released), 0);
+    }
+}
+
+http_test! {
+    #[tokio::test]
     async fn a_panicking_handler_releases_the_key(h) {
         let crashed = h
             .send(json_post("/panicking", "alice", &["k1"], PAY_1000))

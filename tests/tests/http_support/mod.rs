@@ -540,6 +540,20 @@ async fn flaky(State(probe): State<Probe>, user: User, Json(req): Json<NewPaymen
     created(n, &user, &req)
 }
 
+/// 502 on the first call, 201 after; its policy stores server errors instead of releasing the key.
+#[idempotent(scope = "user", server_errors = "store")]
+async fn flaky_stored(
+    State(probe): State<Probe>,
+    user: User,
+    Json(req): Json<NewPayment>,
+) -> Response {
+    let n = probe.call();
+    if n == 1 {
+        return (StatusCode::GATEWAY_TIMEOUT, "the card network timed out").into_response();
+    }
+    created(n, &user, &req)
+}
+
 /// A 4xx decided by the handler itself: stored like any other result.
 #[idempotent(scope = "user")]
 async fn declined(
@@ -716,6 +730,7 @@ pub fn router(app: App) -> Router {
         .route("/big", post(big_response))
         .route("/broken-stream", post(broken_stream))
         .route("/flaky", post(flaky))
+        .route("/flaky-stored", post(flaky_stored))
         .route("/declined", post(declined))
         .route("/panicking", post(panicking))
         .route("/gated", post(gated))
@@ -773,6 +788,13 @@ pub fn layered_router(app: App) -> Router {
             post(broken_stream).route_layer(idem("broken_stream", default)),
         )
         .route("/flaky", post(flaky).route_layer(idem("flaky", default)))
+        .route(
+            "/flaky-stored",
+            post(flaky_stored).route_layer(idem(
+                "flaky_stored",
+                default.server_errors(idem_runtime::policy::ServerErrors::Store),
+            )),
+        )
         .route(
             "/declined",
             post(declined).route_layer(idem("declined", default)),
