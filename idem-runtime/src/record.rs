@@ -49,6 +49,7 @@ impl RecordKey {
     }
 
     /// A key read back from a store, already bounded.
+    #[cfg(feature = "postgres")]
     pub(crate) fn stored(scope: String, key: String) -> Self {
         Self { scope, key }
     }
