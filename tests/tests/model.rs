@@ -762,6 +762,9 @@ model_tests!(
     postgres,
     #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     redis,
-    #[cfg_attr(skip_redis_cluster, ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP")]
+    #[cfg_attr(
+        skip_redis_cluster,
+        ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+    )]
     redis_cluster
 );

@@ -40,7 +40,9 @@ struct OwnCluster;
 
 impl OwnCluster {
     fn start() -> Self {
-        let _ = Command::new(script()).args(["stop", &FIRST_PORT.to_string()]).output();
+        let _ = Command::new(script())
+            .args(["stop", &FIRST_PORT.to_string()])
+            .output();
         let started = Command::new(script())
             .args(["start", &FIRST_PORT.to_string()])
             .output()
@@ -96,8 +98,9 @@ impl OwnCluster {
             .find(|(.., primary)| *primary == id)
             .expect("the primary has a replica")
             .1;
-        let pidfile = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../target/redis-cluster/{FIRST_PORT}/redis-{port}.pid"));
+        let pidfile = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+            "../target/redis-cluster/{FIRST_PORT}/redis-{port}.pid"
+        ));
         let pid = std::fs::read_to_string(&pidfile).expect("the node's pid file");
         let killed = Command::new("kill")
             .args(["-9", pid.trim()])
@@ -200,7 +203,10 @@ async fn request(engine: &Engine, scope: &str, k: usize, ledger: &Mutex<Ledger>)
     let fingerprint = idem_tests::conformance::fp(&k.to_string());
     let deadline = Instant::now() + PATIENCE;
     loop {
-        assert!(Instant::now() < deadline, "key {k} got no answer in {PATIENCE:?}");
+        assert!(
+            Instant::now() < deadline,
+            "key {k} got no answer in {PATIENCE:?}"
+        );
         match engine.begin(key.clone(), fingerprint, &policy()).await {
             Ok(Begin::Execute(guard)) => {
                 {
@@ -215,16 +221,16 @@ async fn request(engine: &Engine, scope: &str, k: usize, ledger: &Mutex<Ledger>)
                     .keep_alive(tokio::time::sleep(Duration::from_millis(5)))
                     .await;
                 if guard.complete(&response(k)).await.is_ok() {
-                    ledger
-                        .lock()
-                        .expect("ledger")
-                        .acknowledged
-                        .insert(k, true);
+                    ledger.lock().expect("ledger").acknowledged.insert(k, true);
                 }
                 return;
             }
             Ok(Begin::Replay(replay)) => {
-                assert_eq!(replay.response, response(k), "key {k} replayed another response");
+                assert_eq!(
+                    replay.response,
+                    response(k),
+                    "key {k} replayed another response"
+                );
                 return;
             }
             Err(Rejection::InFlight { .. } | Rejection::Unavailable { .. }) => {
@@ -246,7 +252,12 @@ async fn run(durable: bool) -> (usize, usize, usize) {
             true => builder.wait_for_replicas(1, Duration::from_millis(500)),
             false => builder,
         };
-        Engine::new(builder.connect().await.expect("connect to the test's cluster"))
+        Engine::new(
+            builder
+                .connect()
+                .await
+                .expect("connect to the test's cluster"),
+        )
     };
     let (a, b) = (Arc::new(store().await), Arc::new(store().await));
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -308,8 +319,17 @@ async fn run(durable: bool) -> (usize, usize, usize) {
             continue;
         }
         let key = RecordKey::new(scope.as_str(), format!("key-{k}"));
-        let record = a.store().get(&key, a.now()).await.expect("get").map(|r| r.state);
-        if record != Some(RecordState::Completed { response: response(k) }) {
+        let record = a
+            .store()
+            .get(&key, a.now())
+            .await
+            .expect("get")
+            .map(|r| r.state);
+        if record
+            != Some(RecordState::Completed {
+                response: response(k),
+            })
+        {
             ledger.lost.insert(k, true);
         }
     }
@@ -319,7 +339,10 @@ async fn run(durable: bool) -> (usize, usize, usize) {
     (keys, twice, lost)
 }
 
-#[cfg_attr(skip_redis_cluster, ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP")]
+#[cfg_attr(
+    skip_redis_cluster,
+    ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_under_load_loses_nothing_when_claims_wait_for_a_replica() {
     let _cluster = tokio::task::spawn_blocking(OwnCluster::start)
@@ -336,5 +359,8 @@ async fn a_primary_killed_under_load_loses_nothing_when_claims_wait_for_a_replic
          {lost} completed responses lost"
     );
     assert_eq!(twice, 0, "with wait_for_replicas no key runs twice");
-    assert_eq!(lost, 0, "with wait_for_replicas no completed response is lost");
+    assert_eq!(
+        lost, 0,
+        "with wait_for_replicas no completed response is lost"
+    );
 }
