@@ -213,9 +213,10 @@ pub(crate) async fn run(cfg: &Config) {
             time: cfg.cell() / SLICES,
             requests: u64::MAX,
         };
+        let count = loads.len();
         for turn in 0..SLICES as usize {
-            for i in 0..loads.len() {
-                loads[(i + turn) % loads.len()].run_slice(slice).await;
+            for i in 0..count {
+                loads[(i + turn) % count].run_slice(slice).await;
             }
         }
         for (cell, load) in loads.into_iter().enumerate() {
@@ -236,7 +237,12 @@ pub(crate) async fn run(cfg: &Config) {
     println!("| store | new key: engine | new key: floor | replay: engine | replay: floor |");
     println!("|---|---|---|---|---|");
     for (r, name) in rows.iter().enumerate() {
-        let [en, rn, fn_, fr] = [cell(4 * r), cell(4 * r + 1), cell(4 * r + 2), cell(4 * r + 3)];
+        let [en, rn, fn_, fr] = [
+            cell(4 * r),
+            cell(4 * r + 1),
+            cell(4 * r + 2),
+            cell(4 * r + 3),
+        ];
         let show = |(ops, p50): (f64, Duration)| format!("{} ({})", rate(ops), dur(p50));
         println!(
             "| {name} | {} | {} | {} | {} |",
@@ -250,5 +256,9 @@ pub(crate) async fn run(cfg: &Config) {
     println!("\nFailed operations in all cells: {errors}.\n");
     // The bench's records, on every primary: all past retention a few years from now.
     let later = idem_runtime::clock::Timestamp::from_millis(i64::MAX / 2);
-    while plain.purge_expired(later, 10_000).await.is_ok_and(|n| n == 10_000) {}
+    while plain
+        .purge_expired(later, 10_000)
+        .await
+        .is_ok_and(|n| n == 10_000)
+    {}
 }
