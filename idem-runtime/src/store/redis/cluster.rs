@@ -211,50 +211,7 @@ impl RedisClusterStore {
     }
 }
 
-#[async_trait::async_trait]
-impl Store for RedisClusterStore {
-    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.records.claim(&mut self.conn().await?, claim).await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        self.records.complete(&mut conn, key, token, response).await
-    }
-
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        self.records
-            .release(&mut self.conn().await?, key, token)
-            .await
-    }
-
-    async fn renew(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        self.records.renew(&mut conn, key, token, lease_until).await
-    }
-
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        self.records.get(&mut self.conn().await?, key, now).await
-    }
-
-    fn subscribe(&self, key: &RecordKey) -> Subscription {
-        self.records.waiters.subscribe(key)
-    }
-
-    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-        self.records.announce(&mut self.conn().await?, key).await
-    }
-}
+redis_store!(RedisClusterStore);
 
 #[async_trait::async_trait]
 impl Purge for RedisClusterStore {

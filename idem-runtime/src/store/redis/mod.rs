@@ -112,11 +112,6 @@ use tokio::sync::{watch, OnceCell};
 use tokio::task::AbortHandle;
 
 mod blob;
-#[cfg(feature = "redis-cluster")]
-mod cluster;
-#[cfg(feature = "redis-cluster")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-pub use cluster::RedisClusterStore;
 
 /// How often a claim looks again when the record it found changed before its conditional replace
 /// could apply. Each retry means another request changed the key in between, so a few suffice; the
@@ -910,52 +905,75 @@ fn confirmed(durable: bool) -> Result<(), StoreError> {
     }
 }
 
-#[async_trait::async_trait]
-impl Store for RedisStore {
-    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.records.claim(&mut self.conn().await?, claim).await
-    }
+/// Implements [`Store`] for a Redis store type that has a `records: Records` field and an
+/// `async fn conn(&self)` giving a connection: the operations are [`Records`]'.
+macro_rules! redis_store {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl Store for $store {
+            async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+                self.records.claim(&mut self.conn().await?, claim).await
+            }
 
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        self.records.complete(&mut conn, key, token, response).await
-    }
+            async fn complete(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+                response: &StoredResponse,
+            ) -> Result<(), StoreError> {
+                let mut conn = self.conn().await?;
+                self.records.complete(&mut conn, key, token, response).await
+            }
 
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        self.records
-            .release(&mut self.conn().await?, key, token)
-            .await
-    }
+            async fn release(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+            ) -> Result<(), StoreError> {
+                self.records
+                    .release(&mut self.conn().await?, key, token)
+                    .await
+            }
 
-    async fn renew(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        self.records.renew(&mut conn, key, token, lease_until).await
-    }
+            async fn renew(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+                lease_until: Timestamp,
+            ) -> Result<(), StoreError> {
+                let mut conn = self.conn().await?;
+                self.records.renew(&mut conn, key, token, lease_until).await
+            }
 
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        self.records.get(&mut self.conn().await?, key, now).await
-    }
+            async fn get(
+                &self,
+                key: &RecordKey,
+                now: Timestamp,
+            ) -> Result<Option<Record>, StoreError> {
+                self.records.get(&mut self.conn().await?, key, now).await
+            }
 
-    fn subscribe(&self, key: &RecordKey) -> Subscription {
-        self.records.waiters.subscribe(key)
-    }
+            fn subscribe(&self, key: &RecordKey) -> Subscription {
+                self.records.waiters.subscribe(key)
+            }
 
-    /// Marks the record watched if it is in flight (`announce.lua`), so that its completion or
-    /// release publishes its tag to every instance; does nothing otherwise.
-    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-        self.records.announce(&mut self.conn().await?, key).await
-    }
+            /// Marks the record watched if it is in flight (`announce.lua`), so that its
+            /// completion or release publishes its tag to every instance; does nothing otherwise.
+            async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+                self.records.announce(&mut self.conn().await?, key).await
+            }
+        }
+    };
 }
+
+redis_store!(RedisStore);
+
+// After the macro, which it uses.
+#[cfg(feature = "redis-cluster")]
+mod cluster;
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+pub use cluster::RedisClusterStore;
 
 /// `complete.lua` and `release.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
 /// record at all).
