@@ -1,16 +1,16 @@
-//! `IDEM_TEST_SKIP`: the services (`postgres`, `redis`, comma-separated) a developer chose to run
-//! the tests without. Each one named sets a cfg (`skip_postgres`, `skip_redis`) under which the
-//! tests that need that service carry `#[ignore = "…"]`, so that `cargo test` lists them as ignored,
-//! with the reason, and counts them in its summary. A test cannot mark itself ignored once running,
+//! `IDEM_TEST_SKIP`: the services (`postgres`, `redis`, `redis-cluster`, comma-separated) a developer
+//! chose to run the tests without. Each one named sets a cfg (`skip_postgres`, `skip_redis`,
+//! `skip_redis_cluster`) under which the tests that need that service carry `#[ignore = "…"]`, so
+//! that `cargo test` lists them as ignored, with the reason, and counts them in its summary. A test cannot mark itself ignored once running,
 //! hence a build-time choice. Under CI (`CI=true`) nothing is skipped. The payments example's
 //! build script runs this too, for its own tests.
 
-const SERVICES: [&str; 2] = ["postgres", "redis"];
+const SERVICES: [&str; 3] = ["postgres", "redis", "redis-cluster"];
 
 pub(crate) fn main() {
     println!("cargo::rerun-if-env-changed=IDEM_TEST_SKIP");
     println!("cargo::rerun-if-env-changed=CI");
-    println!("cargo::rustc-check-cfg=cfg(skip_postgres, skip_redis)");
+    println!("cargo::rustc-check-cfg=cfg(skip_postgres, skip_redis, skip_redis_cluster)");
     let Ok(skip) = std::env::var("IDEM_TEST_SKIP") else {
         return;
     };
@@ -21,7 +21,7 @@ pub(crate) fn main() {
         .collect();
     if let Some(unknown) = named.iter().find(|name| !SERVICES.contains(name)) {
         eprintln!(
-            "IDEM_TEST_SKIP names `{unknown}`; the services it can name are postgres and redis"
+            "IDEM_TEST_SKIP names `{unknown}`; the services it can name are postgres, redis and redis-cluster"
         );
         std::process::exit(1);
     }
@@ -30,6 +30,6 @@ pub(crate) fn main() {
         return;
     }
     for name in named {
-        println!("cargo::rustc-cfg=skip_{name}");
+        println!("cargo::rustc-cfg=skip_{}", name.replace('-', "_"));
     }
 }

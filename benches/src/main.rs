@@ -2,7 +2,8 @@
 //!
 //! What idempotency costs, per store, against the floor, in one run: see `BENCHMARKS.md` at the
 //! repository root for the results and what each table measures. Sections can be run alone:
-//! `all` (default), `memory`, `throughput`, `roundtrips`, `contention`, `scale`, `rss`.
+//! `all` (default), `memory`, `throughput`, `roundtrips`, `contention`, `scale`, `rss`, `cluster`
+//! (the Redis Cluster store; `IDEM_BENCH_REDIS_CLUSTER_URL`, see `cluster.rs`).
 //! `profile <plain|new|replay> <n>` sends `n` in-process requests (for callgrind);
 //! `profile-http <plain|new|replay> [connections] [seconds]` runs one HTTP path on the memory store
 //! (for `perf stat` / `perf record` over server and load generator, divided by the requests printed;
@@ -30,6 +31,7 @@
 //! store-level cells of the throughput section (HTTP only).
 
 mod alloc;
+mod cluster;
 mod contention;
 mod counting;
 mod floors;
@@ -74,6 +76,7 @@ async fn run(section: &str) {
             "contention",
             "scale",
             "rss",
+            "cluster",
         ]
         .contains(&section)
     {
@@ -115,6 +118,9 @@ async fn run(section: &str) {
     }
     if all || section == "rss" {
         rss::run(&cfg).await;
+    }
+    if all || section == "cluster" {
+        cluster::run(&cfg).await;
     }
     report::print_targets();
     let _ = std::fs::remove_dir_all(setup::scratch());

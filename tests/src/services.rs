@@ -1,18 +1,19 @@
 //! Where the shared services are, and what a test does when one is not there.
 //!
-//! Tests read `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local services
-//! the development and CI machines run. A test whose service is unreachable fails, saying how to
-//! start it. To run without a service, name it in `IDEM_TEST_SKIP` (`postgres`, `redis`): the
+//! Tests read `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL` and `IDEM_TEST_REDIS_CLUSTER_URL`,
+//! defaulting to the local services the development and CI machines run. A test whose service is
+//! unreachable fails, saying how to start it. To run without a service, name it in `IDEM_TEST_SKIP`
+//! (`postgres`, `redis`, `redis-cluster`): the
 //! tests that need it are then ignored, with the reason, and counted as such in `cargo test`'s
 //! summary (see `tests/build.rs`); under `CI=true` nothing is skipped.
 //!
-//! [`TestDb`] and [`RedisPrefix`] give a test a database or a key prefix of its own, removed when
-//! the test ends.
+//! [`TestDb`], [`RedisPrefix`] and [`RedisClusterPrefix`] give a test a database or a key prefix of
+//! its own, removed when the test ends.
 
 use idem_runtime::redis;
 use idem_runtime::sqlx::postgres::PgConnectOptions;
 use idem_runtime::sqlx::{self, ConnectOptions};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The PostgreSQL server URL for tests (a database name is appended per test run).
 pub fn postgres_url() -> String {
@@ -23,6 +24,25 @@ pub fn postgres_url() -> String {
 /// The Redis URL for tests.
 pub fn redis_url() -> String {
     std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The Redis Cluster for tests, `redis-cluster://host:port[,host:port…]` (seed nodes; the form
+/// the payments example's `IDEM_STORE_URL` takes). `.ci/redis-cluster start` runs one on 7000-7005.
+pub fn redis_cluster_url() -> String {
+    std::env::var("IDEM_TEST_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
+        "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned()
+    })
+}
+
+/// The seed nodes of a `redis-cluster://host:port[,host:port…][?…]` URL, as `redis://` URLs.
+pub fn cluster_seeds(url: &str) -> Vec<String> {
+    let nodes = url.strip_prefix("redis-cluster://").unwrap_or(url);
+    let nodes = nodes.split('?').next().unwrap_or_default();
+    nodes
+        .split(',')
+        .filter(|node| !node.is_empty())
+        .map(|node| format!("redis://{node}"))
+        .collect()
 }
 
 /// A service the tests need, and what to tell a developer who does not have it running.
@@ -48,6 +68,13 @@ const REDIS: Service = Service {
     url_var: "IDEM_TEST_REDIS_URL",
     start: r#"redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no"#,
     skip: "redis",
+};
+
+const REDIS_CLUSTER: Service = Service {
+    name: "Redis Cluster",
+    url_var: "IDEM_TEST_REDIS_CLUSTER_URL",
+    start: ".ci/redis-cluster start",
+    skip: "redis-cluster",
 };
 
 impl Service {
@@ -259,4 +286,128 @@ impl Drop for RedisPrefix {
             eprintln!("could not delete the test keys under {}: {e}", self.prefix);
         }
     }
+}
+
+/// A fresh key prefix on the Redis Cluster at [`redis_cluster_url`]; every key under it, on every
+/// primary, is deleted when this value is dropped (also when the test fails).
+#[derive(Debug)]
+pub struct RedisClusterPrefix {
+    url: String,
+    prefix: String,
+}
+
+impl RedisClusterPrefix {
+    /// A new prefix, `idem-test-<uuid>`; fails the test, saying how to start the cluster, if it is
+    /// unreachable or not serving every slot.
+    pub async fn create() -> Self {
+        let url = redis_cluster_url();
+        let seeds = cluster_seeds(&url);
+        let reachable = tokio::task::spawn_blocking(move || cluster_primaries(&seeds))
+            .await
+            .expect("join");
+        match reachable {
+            Ok(primaries) if !primaries.is_empty() => {}
+            Ok(_) => REDIS_CLUSTER.unreachable(&url, &"no primary serves slots"),
+            Err(e) => REDIS_CLUSTER.unreachable(&url, &e),
+        }
+        Self {
+            url,
+            prefix: format!("idem-test-{}", uuid::Uuid::new_v4()),
+        }
+    }
+
+    /// The cluster's `redis-cluster://` URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Its seed nodes, as `redis://` URLs.
+    pub fn seeds(&self) -> Vec<String> {
+        cluster_seeds(&self.url)
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The keys under the prefix right now, by primary (`redis://host:port`).
+    pub async fn keys(&self) -> Vec<(String, Vec<String>)> {
+        let (seeds, pattern) = (self.seeds(), format!("{}:*", self.prefix));
+        tokio::task::spawn_blocking(move || cluster_keys(&seeds, &pattern))
+            .await
+            .expect("join")
+            .expect("scan the cluster")
+    }
+}
+
+impl Drop for RedisClusterPrefix {
+    /// Deletes every key under the prefix, on every primary (blocking connections: Drop cannot
+    /// await).
+    fn drop(&mut self) {
+        let cleanup = || -> redis::RedisResult<()> {
+            for (primary, keys) in cluster_keys(&self.seeds(), &format!("{}:*", self.prefix))? {
+                let mut conn = redis::Client::open(primary.as_str())?.get_connection()?;
+                // One key per command: keys of different slots cannot share one.
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.cmd("DEL").arg(key).ignore();
+                }
+                pipe.query::<()>(&mut conn)?;
+            }
+            Ok(())
+        };
+        if let Err(e) = cleanup() {
+            eprintln!("could not delete the test keys under {}: {e}", self.prefix);
+        }
+    }
+}
+
+/// The primaries serving slots in the cluster of `seeds` (the first that answers), as
+/// `redis://host:port`, from `CLUSTER NODES`.
+pub fn cluster_primaries(seeds: &[String]) -> redis::RedisResult<Vec<String>> {
+    let mut last = None;
+    for seed in seeds {
+        let nodes = redis::Client::open(seed.as_str())
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+            .and_then(|mut conn| {
+                redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query::<String>(&mut conn)
+            });
+        match nodes {
+            Ok(nodes) => {
+                let mut primaries: Vec<String> = nodes
+                    .lines()
+                    .filter_map(|line| {
+                        let fields: Vec<&str> = line.split(' ').collect();
+                        let flags = fields.get(2)?;
+                        let serving = fields.len() > 8
+                            && flags.split(',').any(|f| f == "master")
+                            && !flags.contains("fail");
+                        let address = fields[1].split(['@', ',']).next()?;
+                        serving.then(|| format!("redis://{address}"))
+                    })
+                    .collect();
+                primaries.sort();
+                return Ok(primaries);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed node"))
+    }))
+}
+
+/// The keys matching `pattern` on each primary of the cluster of `seeds`.
+fn cluster_keys(seeds: &[String], pattern: &str) -> redis::RedisResult<Vec<(String, Vec<String>)>> {
+    cluster_primaries(seeds)?
+        .into_iter()
+        .map(|primary| {
+            let mut conn = redis::Client::open(primary.as_str())?.get_connection()?;
+            let keys = redis::Commands::scan_match::<_, String>(&mut conn, pattern)?.collect();
+            Ok((primary, keys))
+        })
+        .collect()
 }

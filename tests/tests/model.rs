@@ -761,5 +761,10 @@ model_tests!(
     #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
     postgres,
     #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
-    redis
+    redis,
+    #[cfg_attr(
+        skip_redis_cluster,
+        ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+    )]
+    redis_cluster
 );

@@ -7,7 +7,8 @@
 //!   `sqlite://some/dir/payments.db?mode=rwc` works too, the directory is created;
 //!   `postgres://user@host/db` for many instances) holds the ledger and, by default, the idempotency
 //!   records. `IDEM_STORE_URL` optionally puts the idempotency records elsewhere: `redis://host:port`
-//!   (with `?prefix=name` for the key prefix, default `idem`), `postgres://...`, `sqlite:...` or
+//!   (with `?prefix=name` for the key prefix, default `idem`), `redis-cluster://host:port[,…]` (a
+//!   Redis Cluster's seed nodes, same `prefix`), `postgres://...`, `sqlite:...` or
 //!   `memory` (see [`store`]). `PAYMENT_LATENCY_MS` (default 0) simulates a slow card network.
 //!   `HEADER_TIMEOUT_MS` (10000), `MAX_CONNECTIONS` (4096) and `SHUTDOWN_GRACE_MS` (25000) bound
 //!   the server (see [`serve`](mod@serve)).

@@ -6,13 +6,14 @@
 //! | `sqlite:...` | [`SqliteStore`] on that file | one instance |
 //! | `postgres://...` | [`PostgresStore`] on that database (tables in its `idem` schema) | many instances |
 //! | `redis://host:port[/db][?prefix=name]` | [`RedisStore`], keys under `prefix` (default `idem`) | many instances |
+//! | `redis-cluster://host:port[,host:port…][?prefix=name]` | [`RedisClusterStore`] on the cluster of those seed nodes | many instances, past one Redis |
 //! | `memory` | [`MemoryStore`]: forgotten on restart; each key held in memory (about 1 KiB here) until its retention ends | tests, one process |
 
 use crate::ledger::{Database, Ledger};
 use crate::StartError;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::store::Purge;
 use idem_runtime::sweeper::Sweeper;
@@ -132,10 +133,30 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
             records.sweeper = records.sweeper.interval(REDIS_SWEEP_EVERY);
             Ok(records)
         }
+        "redis-cluster" => {
+            let (nodes, prefix) = split_prefix(url);
+            let seeds = nodes
+                .trim_start_matches("redis-cluster://")
+                .split(',')
+                .filter(|node| !node.is_empty())
+                .map(|node| format!("redis://{node}"));
+            let mut builder = RedisClusterStore::builder(seeds);
+            if let Some(prefix) = prefix {
+                builder = builder.prefix(prefix);
+            }
+            let store = builder
+                .connect()
+                .await
+                .map_err(|e| store_error("Redis Cluster", e))?;
+            let describe = format!("Redis Cluster, prefix `{}`", store.prefix());
+            let mut records = records(store, &describe);
+            records.sweeper = records.sweeper.interval(REDIS_SWEEP_EVERY);
+            Ok(records)
+        }
         other => Err(StartError::Unsupported(format!(
             "IDEM_STORE_URL: no idempotency store for `{other}:` URLs; use postgres://..., \
-             redis://... (no TLS in this build), sqlite:... or memory, or leave it unset to keep \
-             the records in DATABASE_URL"
+             redis://... (no TLS in this build), redis-cluster://host:port,host:port..., \
+             sqlite:... or memory, or leave it unset to keep the records in DATABASE_URL"
         ))),
     }
 }

@@ -1,15 +1,15 @@
 //! Two processes of the payments binary share one PostgreSQL database (ledger and records), and
-//! again with the records in Redis: identical requests split between them make one payment, and a
-//! retry that lands on the other instance replays.
+//! again with the records in Redis, and in a Redis Cluster: identical requests split between them
+//! make one payment, and a retry that lands on the other instance replays.
 //!
-//! Each test gets a fresh database (and Redis key prefix), removed when it ends; the processes are
+//! Each test gets a fresh database (and Redis or Redis Cluster key prefix), removed when it ends; the processes are
 //! killed when it ends, also on failure. Without the services the tests fail, saying how to start
 //! them, unless `IDEM_TEST_SKIP` names them (see README.md).
 
 mod support;
 
 use idem_runtime::sqlx::{self, postgres::PgPool};
-use idem_tests::services::{RedisPrefix, TestDb};
+use idem_tests::services::{RedisClusterPrefix, RedisPrefix, TestDb};
 use std::sync::Arc;
 use support::*;
 
@@ -154,6 +154,39 @@ async fn two_instances_with_the_records_in_redis() {
         in_postgres, None,
         "no idempotency table in the ledger's database"
     );
+}
+
+#[cfg_attr(
+    any(skip_postgres, skip_redis_cluster),
+    ignore = "needs PostgreSQL and a Redis Cluster, skipped by IDEM_TEST_SKIP"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_with_the_records_in_a_redis_cluster() {
+    let db = TestDb::create().await;
+    let cluster = RedisClusterPrefix::create().await;
+    let url = db.url();
+    let store_url = format!("{}?prefix={}", cluster.url(), cluster.prefix());
+    let env: &[(&str, &str)] = &[
+        ("DATABASE_URL", &url),
+        ("IDEM_STORE_URL", &store_url),
+        ("PAYMENT_LATENCY_MS", "200"),
+    ];
+    let instances = Instance::start_all(&[env, env]);
+    let ledger = ledger_pool(&db).await;
+
+    sixteen_identical_creates_make_one_payment(&instances, &ledger).await;
+    a_retry_on_the_other_instance_replays(&instances[0], &instances[1]).await;
+    a_retry_on_the_other_instance_replays(&instances[1], &instances[0]).await;
+
+    // The records are in the cluster under the prefix (one per key), not in PostgreSQL.
+    let keys: usize = cluster.keys().await.iter().map(|(_, k)| k.len()).sum();
+    assert_eq!(keys, 3, "one record per key");
+    let in_postgres: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('idem.records')::text")
+            .fetch_one(&ledger)
+            .await
+            .expect("look for idem.records");
+    assert_eq!(in_postgres, None);
 }
 
 /// `IDEM_STORE_URL` for `redis`'s server and prefix.

@@ -1,6 +1,6 @@
-//! Backends for the model-based and fault-injection tests: the same four stores the conformance suite
-//! runs on, set up the same way (a temporary SQLite file, a PostgreSQL database of its own, a Redis key
-//! prefix of its own), each cleaned up when dropped.
+//! Backends for the model-based and fault-injection tests: the same stores the conformance suite
+//! runs on, set up the same way (a temporary SQLite file, a PostgreSQL database of its own, a Redis
+//! or Redis Cluster key prefix of its own), each cleaned up when dropped.
 //!
 //! These tests open a backend once per test and give every generated case scopes of its own, so that
 //! hundreds of cases cost one database, not hundreds.
@@ -10,7 +10,7 @@
 use idem_runtime::sqlx::postgres::PgConnectOptions;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_tests::conformance::Backend;
 use idem_tests::services;
@@ -149,5 +149,38 @@ impl Backend for Redis {
 pub async fn redis() -> Redis {
     Redis {
         space: services::RedisPrefix::create().await,
+    }
+}
+
+/// A Redis Cluster key prefix of its own (`services::RedisClusterPrefix`); its keys are deleted when
+/// dropped.
+pub struct RedisCluster {
+    space: services::RedisClusterPrefix,
+}
+
+#[async_trait::async_trait]
+impl Backend for RedisCluster {
+    type Store = RedisClusterStore;
+    /// A long response timeout, as for [`Redis`].
+    async fn open(&self) -> RedisClusterStore {
+        RedisClusterStore::builder(self.space.seeds())
+            .prefix(self.space.prefix())
+            .response_timeout(std::time::Duration::from_secs(30))
+            .connect()
+            .await
+            .expect("connect to the cluster")
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+    async fn unreachable(&self) -> Option<RedisClusterStore> {
+        None
+    }
+}
+
+/// A fresh Redis Cluster prefix.
+pub async fn redis_cluster() -> RedisCluster {
+    RedisCluster {
+        space: services::RedisClusterPrefix::create().await,
     }
 }

@@ -83,27 +83,29 @@
 //!   logs a warning when it can read another policy.
 //! - **Persistence.** Records survive a Redis restart only as far as its persistence goes (AOF with
 //!   `appendfsync everysec` may lose the last second; RDB snapshots, everything since the last one).
-//! - **Failover.** Writes are acknowledged by the primary alone (no `WAIT`): a claim not yet
-//!   replicated when a replica is promoted is lost, and its retry runs again.
+//! - **Failover.** By default writes are acknowledged by the primary alone: a claim or completion
+//!   not yet replicated when a replica is promoted is lost, and its retry runs again.
+//!   [`RedisStoreBuilder::wait_for_replicas`] closes that gap; see there what it guarantees.
 //!
 //! Within those limits the guarantee is the engine's: at most one execution per lease.
 //!
 //! # Redis Cluster
-//! Keys, commands and scripts are Cluster-ready (one hash-tagged key each), but this store talks to a
-//! single server through a [`ConnectionManager`]; a Cluster client, sharded pub/sub (`SPUBLISH`) and
-//! a per-node purge scan are out of scope for now.
+//! Every command and script touches one hash-tagged key, so the same records, commands and scripts
+//! run on a Redis (or Valkey) Cluster: see `RedisClusterStore` (feature `redis-cluster`).
 //!
 //! [hash tag]: https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags
 
 use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
 use crate::clock::Timestamp;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSub};
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
 use ::redis::{
-    Client, ErrorKind, FromRedisValue, RedisError, RedisResult, RedisWrite, Script, ToRedisArgs,
+    Client, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, RedisWrite, Script,
+    ToRedisArgs,
 };
 use futures_util::StreamExt;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{watch, OnceCell};
@@ -153,66 +155,68 @@ pub struct RedisStore {
     client: Client,
     config: ConnectionManagerConfig,
     conn: OnceCell<ConnectionManager>,
-    prefix: String,
-    scripts: Scripts,
-    waiters: Arc<Waiters>,
+    records: Records,
     /// Where the current purge pass over the keyspace stands (0: start a new pass).
     scan_cursor: Mutex<u64>,
-    listener: AbortHandle,
-    /// Whether the listener is subscribed right now.
-    subscribed: watch::Receiver<bool>,
-}
-
-struct Scripts {
-    replace: Script,
-    complete: Script,
-    release: Script,
-    renew: Script,
-    announce: Script,
-    purge: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Self {
-            replace: Script::new(include_str!("replace.lua")),
-            complete: Script::new(include_str!("complete.lua")),
-            release: Script::new(include_str!("release.lua")),
-            renew: Script::new(include_str!("renew.lua")),
-            announce: Script::new(include_str!("announce.lua")),
-            purge: Script::new(include_str!("purge.lua")),
-        }
-    }
+    subscriber: Subscriber,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("server", &self.client.get_connection_info().addr)
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.records.prefix)
             .field("connected", &self.conn.initialized())
             .field("subscribed", &self.is_subscribed())
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for RedisStore {
-    fn drop(&mut self) {
-        self.listener.abort();
-    }
-}
-
-/// Configures and connects a [`RedisStore`]; see [`RedisStore::builder`].
-#[derive(Debug, Clone)]
-pub struct RedisStoreBuilder {
-    url: String,
+/// Configures and connects a [`RedisStore`] (from [`RedisStore::builder`]) or, with the
+/// `redis-cluster` feature, a `RedisClusterStore` (from `RedisClusterStore::builder`).
+#[derive(Debug)]
+pub struct RedisStoreBuilder<S = RedisStore> {
+    nodes: Vec<String>,
     prefix: String,
     connection_timeout: Duration,
     response_timeout: Duration,
     reconnect_retries: usize,
+    durability: Option<Durability>,
+    store: PhantomData<fn() -> S>,
 }
 
-impl RedisStoreBuilder {
+impl<S> Clone for RedisStoreBuilder<S> {
+    fn clone(&self) -> Self {
+        Self {
+            nodes: self.nodes.clone(),
+            prefix: self.prefix.clone(),
+            durability: self.durability,
+            store: PhantomData,
+            ..*self
+        }
+    }
+}
+
+/// `WAIT <replicas> <timeout>` after each claim and completion.
+#[derive(Debug, Clone, Copy)]
+struct Durability {
+    replicas: u32,
+    timeout_ms: u64,
+}
+
+impl<S> RedisStoreBuilder<S> {
+    fn new(nodes: Vec<String>) -> Self {
+        Self {
+            nodes,
+            prefix: "idem".to_owned(),
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            reconnect_retries: 0,
+            durability: None,
+            store: PhantomData,
+        }
+    }
+
     /// The prefix of every key and of the notification channel (default `"idem"`). Services that
     /// share records must use the same prefix; give unrelated ones different prefixes. It may not
     /// contain `{` or `}` (the braces are the record's hash tag).
@@ -233,6 +237,98 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Makes claims and completions survive the failover of their primary (default: off): each
+    /// claim and completion is followed, on the same connection, by `WAIT <replicas> <timeout>`,
+    /// and counts as done only once that many replicas confirmed it. Unconfirmed in time, it fails
+    /// as [unavailable](super::StoreErrorKind::Unavailable): a claim then never runs its handler
+    /// (a retry finds the claim in flight, or nothing if it was lost, and runs once its lease has
+    /// run out), and the engine keeps trying a completion until it lands. So with one replica per
+    /// primary and `replicas` = 1, a primary that dies does not lose an acknowledged claim or
+    /// completion: the replica that confirmed it is the only one that can take over.
+    ///
+    /// What it does not cover: with several replicas, failover may promote one that had not
+    /// confirmed (ask for as many as there are); releases, renewals and announcements are not
+    /// waited for (a lost release leaves the key to its lease; a lost renewal shortens a lease by
+    /// at most a third); `WAIT` counts replicas that received the write, not ones that persisted
+    /// it; and while a primary has fewer live replicas than `replicas`, every claim on it fails.
+    /// Replays pay the wait too: the claim that finds a completed record is the same command.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idem_runtime::redis::RedisError> {
+    /// use idem_runtime::store::redis::RedisStore;
+    /// use std::time::Duration;
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .wait_for_replicas(1, Duration::from_millis(200))
+    ///     .connect()
+    ///     .await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.durability = (replicas > 0).then(|| Durability {
+            replicas,
+            // `WAIT … 0` would block for ever.
+            timeout_ms: u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        });
+        self
+    }
+
+    fn records(&self) -> RedisResult<Records> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the Redis store prefix may not contain '{' or '}'",
+                self.prefix.clone(),
+            )));
+        }
+        Ok(Records {
+            prefix: self.prefix.clone(),
+            scripts: Scripts::new(),
+            waiters: Arc::new(Waiters::new()),
+            durability: self.durability,
+        })
+    }
+
+    /// Starts the pub/sub task on `clients`, tried in turn, starting with `pubsub` if given.
+    fn subscriber(
+        &self,
+        records: &Records,
+        clients: Vec<Client>,
+        pubsub: Option<PubSub>,
+    ) -> Subscriber {
+        let (state, subscribed) = watch::channel(pubsub.is_some());
+        let listener = Listener {
+            clients,
+            channel: channel_name(&self.prefix),
+            waiters: records.waiters.clone(),
+            state,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+        };
+        Subscriber {
+            task: tokio::spawn(listen(listener, pubsub)).abort_handle(),
+            subscribed,
+        }
+    }
+}
+
+/// Fails outside a Tokio runtime (a lazy store spawns its listener at once).
+fn runtime_present() -> RedisResult<()> {
+    tokio::runtime::Handle::try_current()
+        .map(drop)
+        .map_err(|e| {
+            RedisError::from((
+                ErrorKind::ClientError,
+                "the Redis store needs a Tokio runtime",
+                e.to_string(),
+            ))
+        })
+}
+
+impl RedisStoreBuilder<RedisStore> {
     /// How many times a connection attempt is retried, with backoff, before the commands waiting on
     /// it fail (default 0). Whatever the number, the next command tries again, so the store recovers by
     /// itself; retries ride out short blips at the cost of slower failures during an outage (with
@@ -262,8 +358,8 @@ impl RedisStoreBuilder {
         let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         let channel = channel_name(&self.prefix);
         let pubsub = subscribe(&client, &channel, self.connection_timeout).await?;
-        warn_if_evicting(conn.clone()).await;
-        Ok(self.assemble(client, config, Some(conn), Some(pubsub)))
+        warn_if_evicting(&mut conn.clone()).await;
+        self.assemble(client, config, Some(conn), Some(pubsub))
     }
 
     /// Builds the store without connecting: the first operation connects, and until the server answers
@@ -279,25 +375,13 @@ impl RedisStoreBuilder {
     /// ```
     pub fn connect_lazy(self) -> RedisResult<RedisStore> {
         let (client, config) = self.prepare()?;
-        tokio::runtime::Handle::try_current().map_err(|e| {
-            RedisError::from((
-                ErrorKind::ClientError,
-                "RedisStore needs a Tokio runtime",
-                e.to_string(),
-            ))
-        })?;
-        Ok(self.assemble(client, config, None, None))
+        runtime_present()?;
+        self.assemble(client, config, None, None)
     }
 
     fn prepare(&self) -> RedisResult<(Client, ConnectionManagerConfig)> {
-        if self.prefix.contains(['{', '}']) {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "the RedisStore prefix may not contain '{' or '}'",
-                self.prefix.clone(),
-            )));
-        }
-        let client = Client::open(self.url.as_str())?;
+        self.records()?;
+        let client = Client::open(self.nodes[0].as_str())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.connection_timeout)
             .set_response_timeout(self.response_timeout)
@@ -315,33 +399,16 @@ impl RedisStoreBuilder {
         config: ConnectionManagerConfig,
         conn: Option<ConnectionManager>,
         pubsub: Option<PubSub>,
-    ) -> RedisStore {
-        let channel = channel_name(&self.prefix);
-        let waiters = Arc::new(Waiters::new());
-        let (state, subscribed) = watch::channel(pubsub.is_some());
-        let listener = tokio::spawn(listen(
-            Listener {
-                client: client.clone(),
-                channel: channel.clone(),
-                waiters: waiters.clone(),
-                state,
-                connection_timeout: self.connection_timeout,
-                response_timeout: self.response_timeout,
-            },
-            pubsub,
-        ))
-        .abort_handle();
-        RedisStore {
+    ) -> RedisResult<RedisStore> {
+        let records = self.records()?;
+        Ok(RedisStore {
+            subscriber: self.subscriber(&records, vec![client.clone()], pubsub),
             client,
             config,
             conn: OnceCell::new_with(conn),
-            prefix: self.prefix,
-            scripts: Scripts::new(),
-            waiters,
+            records,
             scan_cursor: Mutex::new(0),
-            listener,
-            subscribed,
-        }
+        })
     }
 }
 
@@ -364,18 +431,12 @@ impl RedisStore {
 
     /// A builder for a store on `url`, to set the prefix and timeouts.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            prefix: "idem".to_owned(),
-            connection_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            reconnect_retries: 0,
-        }
+        RedisStoreBuilder::new(vec![url.into()])
     }
 
     /// The prefix of this store's keys and channel.
     pub fn prefix(&self) -> &str {
-        &self.prefix
+        &self.records.prefix
     }
 
     /// Whether this store is subscribed, right now, to the completions other instances publish. While
@@ -383,7 +444,7 @@ impl RedisStore {
     /// woken only by its own completions, and otherwise at the lease end or their wait bound. For
     /// health checks and tests.
     pub fn is_subscribed(&self) -> bool {
-        *self.subscribed.borrow()
+        self.subscriber.is_subscribed()
     }
 
     /// Resolves once [`is_subscribed`](Self::is_subscribed) equals `subscribed`: `true` waits for the
@@ -400,25 +461,12 @@ impl RedisStore {
     /// # }
     /// ```
     pub async fn subscription_is(&self, subscribed: bool) {
-        let mut state = self.subscribed.clone();
-        // The listener lives as long as the store, so the sender is never dropped while we wait.
-        let _ = state.wait_for(|now| *now == subscribed).await;
+        self.subscriber.wait_for(subscribed).await
     }
 
     /// The Redis key of `key`'s record: `<prefix>:{<tag>}`.
     pub fn redis_key(&self, key: &RecordKey) -> String {
-        let key = self.key(key);
-        let mut out = String::with_capacity(key.max_len());
-        // Writing to a String cannot fail.
-        let _ = fmt::Write::write_fmt(&mut out, format_args!("{key}"));
-        out
-    }
-
-    fn key<'a>(&'a self, key: &'a RecordKey) -> RedisKey<'a> {
-        RedisKey {
-            prefix: &self.prefix,
-            key,
-        }
+        self.records.redis_key(key)
     }
 
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
@@ -434,57 +482,161 @@ impl RedisStore {
         .cloned()
         .map_err(StoreError::unavailable)
     }
+}
 
-    /// Deletes those of `keys` that are past retention at `now` (one pipelined round trip, one
-    /// script per key); returns how many were deleted.
-    async fn purge_keys(
-        &self,
-        conn: &mut ConnectionManager,
-        keys: &[Vec<u8>],
-        now: Timestamp,
-    ) -> Result<u64, StoreError> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let mut pipe = ::redis::pipe();
-        pipe.load_script(&self.scripts.purge).ignore();
-        for key in keys {
-            pipe.invoke_script(self.scripts.purge.key(key).arg(now.as_millis()));
-        }
-        let deleted: Vec<i64> = pipe.query_async(conn).await.map_err(redis_error)?;
-        Ok(deleted.iter().filter(|&&d| d == 1).count() as u64)
+/// The store's pub/sub task, and whether it is subscribed right now. Dropping it stops the task.
+struct Subscriber {
+    task: AbortHandle,
+    subscribed: watch::Receiver<bool>,
+}
+
+impl Subscriber {
+    fn is_subscribed(&self) -> bool {
+        *self.subscribed.borrow()
     }
 
-    /// Replaces `seen` at `key` by `new` if the key still holds `seen` (`replace.lua`): with a fresh
-    /// TTL of `ttl` ms, or, when `None`, keeping the key's. Returns whether it did.
-    async fn replace(
-        &self,
-        conn: &mut ConnectionManager,
-        key: RedisKey<'_>,
-        seen: &Record,
-        new: &[u8],
-        ttl: Option<i64>,
-    ) -> Result<bool, StoreError> {
-        let mut cmd = evalsha(&self.scripts.replace, key, 4, 8 + 1 + new.len() + 20);
-        cmd.arg(&blob::token(seen.token)[..])
-            .arg(blob::state(seen))
-            .arg(new);
-        match ttl {
-            Some(ttl) => cmd.arg(ttl),
-            None => cmd.arg(""),
-        };
-        let replaced: i64 = eval(conn, &self.scripts.replace, &cmd).await?;
-        Ok(replaced == 1)
+    async fn wait_for(&self, subscribed: bool) {
+        let mut state = self.subscribed.clone();
+        // The listener lives as long as the store, so the sender is never dropped while we wait.
+        let _ = state.wait_for(|now| *now == subscribed).await;
     }
 }
 
-#[async_trait::async_trait]
-impl Store for RedisStore {
-    fn kind(&self) -> &'static str {
-        "redis"
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.task.abort();
     }
-    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut conn = self.conn().await?;
+}
+
+/// What both Redis stores share: the key layout, the scripts, the local waiters, and each
+/// operation, sent on a connection to one server or to a cluster (which routes each command by
+/// its one key).
+struct Records {
+    prefix: String,
+    scripts: Scripts,
+    waiters: Arc<Waiters>,
+    durability: Option<Durability>,
+}
+
+/// A Lua script: its hash for `EVALSHA`, and its code for `EVAL` on a server that lacks it.
+struct Lua {
+    script: Script,
+    code: &'static str,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Self {
+            script: Script::new(code),
+            code,
+        }
+    }
+}
+
+struct Scripts {
+    replace: Lua,
+    complete: Lua,
+    release: Lua,
+    renew: Lua,
+    announce: Lua,
+    purge: Lua,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            replace: Lua::new(include_str!("replace.lua")),
+            complete: Lua::new(include_str!("complete.lua")),
+            release: Lua::new(include_str!("release.lua")),
+            renew: Lua::new(include_str!("renew.lua")),
+            announce: Lua::new(include_str!("announce.lua")),
+            purge: Lua::new(include_str!("purge.lua")),
+        }
+    }
+}
+
+impl Records {
+    fn key<'a>(&'a self, key: &'a RecordKey) -> RedisKey<'a> {
+        RedisKey {
+            prefix: &self.prefix,
+            key,
+        }
+    }
+
+    fn redis_key(&self, key: &RecordKey) -> String {
+        let key = self.key(key);
+        let mut out = String::with_capacity(key.max_len());
+        // Writing to a String cannot fail.
+        let _ = fmt::Write::write_fmt(&mut out, format_args!("{key}"));
+        out
+    }
+
+    /// Sends `cmd`, followed on the same connection by `WAIT` if `durable` and the store waits for
+    /// replicas. Returns the reply and whether the write is as durable as asked (always, without
+    /// `WAIT`): the caller decides, from the reply, whether a write happened at all.
+    async fn send<T: FromRedisValue, C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        cmd: Cmd,
+        durable: bool,
+    ) -> RedisResult<(T, bool)> {
+        match self.durability.filter(|_| durable) {
+            None => Ok((cmd.query_async(conn).await?, true)),
+            Some(Durability {
+                replicas,
+                timeout_ms,
+            }) => {
+                let mut pipe = ::redis::Pipeline::with_capacity(2);
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(replicas)
+                    .arg(timeout_ms);
+                let (reply, acked): (T, u32) = pipe.query_async(conn).await?;
+                Ok((reply, acked >= replicas))
+            }
+        }
+    }
+
+    /// Runs `lua` on `key` with the arguments `args` appends (`bytes` bytes in all): as `EVALSHA`,
+    /// or, on a server that does not know the script (restarted, flushed, or a cluster node that
+    /// never ran it), as `EVAL`, which also caches it there. The command is built at its final size.
+    async fn eval<T: FromRedisValue, C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        lua: &Lua,
+        key: RedisKey<'_>,
+        (count, bytes): (usize, usize),
+        args: impl Fn(&mut Cmd),
+        durable: bool,
+    ) -> Result<(T, bool), StoreError> {
+        let build = |code: bool| {
+            let body = if code {
+                lua.code
+            } else {
+                lua.script.get_hash()
+            };
+            let mut cmd = Cmd::with_capacity(4 + count, 32 + body.len() + key.max_len() + bytes);
+            cmd.arg(if code { "EVAL" } else { "EVALSHA" })
+                .arg(body)
+                .arg(1)
+                .arg(key);
+            args(&mut cmd);
+            cmd
+        };
+        match self.send(conn, build(false), durable).await {
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                Box::pin(self.send(conn, build(true), durable)).await
+            }
+            found => found,
+        }
+        .map_err(redis_error)
+    }
+
+    async fn claim<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let key = self.key(claim.key);
         let ttl = claim
             .retain_until
@@ -494,27 +646,30 @@ impl Store for RedisStore {
         let fresh = blob::fresh(claim);
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             // Sized up front: building a command argument by argument reallocates as it grows.
-            let found: Option<Vec<u8>> =
-                ::redis::Cmd::with_capacity(7, key.max_len() + fresh.len() + 40)
-                    .arg("SET")
-                    .arg(key)
-                    .arg(&fresh[..])
-                    .arg("NX")
-                    .arg("GET")
-                    .arg("PX")
-                    .arg(ttl)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(redis_error)?;
+            let mut cmd = Cmd::with_capacity(7, key.max_len() + fresh.len() + 40);
+            cmd.arg("SET")
+                .arg(key)
+                .arg(&fresh[..])
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(ttl);
+            let (found, durable): (Option<Vec<u8>>, bool) =
+                self.send(conn, cmd, true).await.map_err(redis_error)?;
             let Some(found) = found else {
-                return Ok(ClaimOutcome::Claimed { taken_over: false });
+                return confirmed(durable).map(|()| ClaimOutcome::Claimed { taken_over: false });
             };
             let record = blob::decode(found)?;
             // The replacements are boxed: inlined, their futures would make every claim's future
             // (which the store trait boxes and moves) several times larger.
-            if record.is_forgotten(claim.now) {
+            if record.token == claim.token && matches!(record.state, RecordState::InFlight { .. }) {
+                // A cluster client resent our claim after a lost reply: it landed the first time.
+                return Ok(ClaimOutcome::Claimed {
+                    taken_over: record.created_at != claim.now,
+                });
+            } else if record.is_forgotten(claim.now) {
                 // A fresh record, and a fresh TTL.
-                if Box::pin(self.replace(&mut conn, key, &record, &fresh, Some(ttl))).await? {
+                if Box::pin(self.replace(conn, key, &record, &fresh, Some(ttl))).await? {
                     return Ok(ClaimOutcome::Claimed { taken_over: false });
                 }
             } else if claim.can_take_over(&record) {
@@ -526,7 +681,7 @@ impl Store for RedisStore {
                     },
                     ..record.clone()
                 })?;
-                if Box::pin(self.replace(&mut conn, key, &record, &taken, None)).await? {
+                if Box::pin(self.replace(conn, key, &record, &taken, None)).await? {
                     return Ok(ClaimOutcome::Claimed { taken_over: true });
                 }
             } else {
@@ -540,48 +695,118 @@ impl Store for RedisStore {
         )))
     }
 
-    async fn complete(
+    /// Replaces `seen` at `key` by `new` if the key still holds `seen` (`replace.lua`): with a fresh
+    /// TTL of `ttl` ms, or, when `None`, keeping the key's. Returns whether it did.
+    async fn replace<C: ConnectionLike + Send>(
         &self,
+        conn: &mut C,
+        key: RedisKey<'_>,
+        seen: &Record,
+        new: &[u8],
+        ttl: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&blob::token(seen.token)[..])
+                .arg(blob::state(seen))
+                .arg(new);
+            match ttl {
+                Some(ttl) => cmd.arg(ttl),
+                None => cmd.arg(""),
+            };
+        };
+        let sizes = (4, 8 + 1 + new.len() + 20);
+        let (replaced, durable): (i64, bool) = self
+            .eval(conn, &self.scripts.replace, key, sizes, args, true)
+            .await?;
+        confirmed(durable || replaced != 1)?;
+        Ok(replaced == 1)
+    }
+
+    async fn complete<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
         key: &RecordKey,
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let tail = blob::Response::new(response)?;
-        let mut conn = self.conn().await?;
-        let mut cmd = evalsha(&self.scripts.complete, self.key(key), 2, 8 + tail.len());
-        cmd.arg(&blob::token(token)[..]).arg(tail);
-        applied_or_fenced(eval(&mut conn, &self.scripts.complete, &cmd).await?)?;
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&blob::token(token)[..]).arg(tail);
+        };
+        let sizes = (2, 8 + tail.len());
+        let (reply, durable) = self
+            .eval(
+                conn,
+                &self.scripts.complete,
+                self.key(key),
+                sizes,
+                args,
+                true,
+            )
+            .await?;
+        applied_or_fenced(reply)?;
+        confirmed(durable)?;
         self.waiters.notify(key);
         Ok(())
     }
 
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        let mut cmd = evalsha(&self.scripts.release, self.key(key), 1, 8);
-        cmd.arg(&blob::token(token)[..]);
-        applied_or_fenced(eval(&mut conn, &self.scripts.release, &cmd).await?)?;
-        self.waiters.notify(key);
-        Ok(())
-    }
-
-    async fn renew(
+    async fn release<C: ConnectionLike + Send>(
         &self,
+        conn: &mut C,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&blob::token(token)[..]);
+        };
+        let (reply, _) = self
+            .eval(
+                conn,
+                &self.scripts.release,
+                self.key(key),
+                (1, 8),
+                args,
+                false,
+            )
+            .await?;
+        applied_or_fenced(reply)?;
+        self.waiters.notify(key);
+        Ok(())
+    }
+
+    async fn renew<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
         key: &RecordKey,
         token: FencingToken,
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        let mut cmd = evalsha(&self.scripts.renew, self.key(key), 2, 16);
-        cmd.arg(&blob::token(token)[..])
-            .arg(&lease_until.as_millis().to_be_bytes()[..]);
-        applied_or_fenced(eval(&mut conn, &self.scripts.renew, &cmd).await?)
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&blob::token(token)[..])
+                .arg(&lease_until.as_millis().to_be_bytes()[..]);
+        };
+        let (reply, _) = self
+            .eval(
+                conn,
+                &self.scripts.renew,
+                self.key(key),
+                (2, 16),
+                args,
+                false,
+            )
+            .await?;
+        applied_or_fenced(reply)
     }
 
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        let mut conn = self.conn().await?;
+    async fn get<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        key: &RecordKey,
+        now: Timestamp,
+    ) -> Result<Option<Record>, StoreError> {
         let found: Option<Vec<u8>> = ::redis::cmd("GET")
             .arg(self.key(key))
-            .query_async(&mut conn)
+            .query_async(conn)
             .await
             .map_err(redis_error)?;
         match found {
@@ -590,45 +815,169 @@ impl Store for RedisStore {
         }
     }
 
-    fn subscribe(&self, key: &RecordKey) -> Subscription {
-        self.waiters.subscribe(key)
-    }
-
-    /// Marks the record watched if it is in flight (`announce.lua`), so that its completion or
-    /// release publishes its tag to every instance; does nothing otherwise.
-    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        let cmd = evalsha(&self.scripts.announce, self.key(key), 0, 0);
-        let _marked: i64 = eval(&mut conn, &self.scripts.announce, &cmd).await?;
+    async fn announce<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        key: &RecordKey,
+    ) -> Result<(), StoreError> {
+        let announce = &self.scripts.announce;
+        let _marked: (i64, bool) = self
+            .eval(conn, announce, self.key(key), (0, 0), |_| {}, false)
+            .await?;
         Ok(())
     }
-}
 
-/// `EVALSHA <script's hash> 1 <key>`, to which the caller adds `args` arguments of `bytes` bytes in
-/// all: sized up front, and each argument written straight into the command.
-fn evalsha(script: &Script, key: RedisKey<'_>, args: usize, bytes: usize) -> ::redis::Cmd {
-    let mut cmd = ::redis::Cmd::with_capacity(4 + args, 48 + key.max_len() + bytes);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
-    cmd
-}
-
-/// Sends `cmd`, built by [`evalsha`] for `script`. If the server does not know the script (it
-/// restarted, or someone ran `SCRIPT FLUSH`), loads it and sends `cmd` again.
-async fn eval<T: FromRedisValue>(
-    conn: &mut ConnectionManager,
-    script: &Script,
-    cmd: &::redis::Cmd,
-) -> Result<T, StoreError> {
-    match cmd.query_async(conn).await {
-        Err(e) if e.kind() == ErrorKind::NoScriptError => {
-            Box::pin(script.prepare_invoke().load_async(conn))
+    /// Continues the `SCAN` pass at `cursor` over the store's keys on the server `conn` talks to,
+    /// deleting records past retention at `now`: at most `budget` records, in at most `steps` `SCAN`
+    /// steps. Returns how many it deleted, the cursor to resume at (`None`: the pass is over) and the
+    /// steps left.
+    async fn purge<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        mut cursor: u64,
+        now: Timestamp,
+        budget: u64,
+        mut steps: usize,
+    ) -> Result<(u64, Option<u64>, usize), StoreError> {
+        let pattern = format!("{}:{{*", glob_escape(&self.prefix));
+        let mut deleted = 0u64;
+        loop {
+            steps = steps.saturating_sub(1);
+            let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(conn)
                 .await
                 .map_err(redis_error)?;
-            cmd.query_async(conn).await.map_err(redis_error)
+            let mut done = 0;
+            while done < keys.len() && deleted < budget {
+                let take = usize::try_from(budget - deleted)
+                    .unwrap_or(usize::MAX)
+                    .min(keys.len() - done);
+                deleted += self.purge_keys(conn, &keys[done..done + take], now).await?;
+                done += take;
+            }
+            // SCAN cursors are stateless on the server: stopping inside a page means scanning that
+            // page again next time (its deleted keys are gone), so nothing is skipped.
+            if done == keys.len() && next == 0 {
+                return Ok((deleted, None, steps));
+            }
+            cursor = if done < keys.len() { cursor } else { next };
+            if deleted >= budget || steps == 0 {
+                return Ok((deleted, Some(cursor), steps));
+            }
         }
-        found => found.map_err(redis_error),
+    }
+
+    /// Deletes those of `keys` that are past retention at `now` (one pipelined round trip, one
+    /// script per key); returns how many were deleted.
+    async fn purge_keys<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &[Vec<u8>],
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let purge = &self.scripts.purge.script;
+        let mut pipe = ::redis::pipe();
+        pipe.load_script(purge).ignore();
+        for key in keys {
+            pipe.invoke_script(purge.key(key).arg(now.as_millis()));
+        }
+        let deleted: Vec<i64> = pipe.query_async(conn).await.map_err(redis_error)?;
+        Ok(deleted.iter().filter(|&&d| d == 1).count() as u64)
     }
 }
+
+/// A write `WAIT` did not confirm fails as unavailable: the caller must not count on it.
+fn confirmed(durable: bool) -> Result<(), StoreError> {
+    if durable {
+        Ok(())
+    } else {
+        Err(StoreError::unavailable(
+            "the write was not confirmed by the replicas asked for in time (WAIT)",
+        ))
+    }
+}
+
+/// Implements [`Store`] for a Redis store type that has a `records: Records` field and an
+/// `async fn conn(&self)` giving a connection: the operations are [`Records`]'.
+macro_rules! redis_store {
+    ($store:ty, $kind:literal) => {
+        #[async_trait::async_trait]
+        impl Store for $store {
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+
+            async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+                self.records.claim(&mut self.conn().await?, claim).await
+            }
+
+            async fn complete(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+                response: &StoredResponse,
+            ) -> Result<(), StoreError> {
+                let mut conn = self.conn().await?;
+                self.records.complete(&mut conn, key, token, response).await
+            }
+
+            async fn release(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+            ) -> Result<(), StoreError> {
+                self.records
+                    .release(&mut self.conn().await?, key, token)
+                    .await
+            }
+
+            async fn renew(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+                lease_until: Timestamp,
+            ) -> Result<(), StoreError> {
+                let mut conn = self.conn().await?;
+                self.records.renew(&mut conn, key, token, lease_until).await
+            }
+
+            async fn get(
+                &self,
+                key: &RecordKey,
+                now: Timestamp,
+            ) -> Result<Option<Record>, StoreError> {
+                self.records.get(&mut self.conn().await?, key, now).await
+            }
+
+            fn subscribe(&self, key: &RecordKey) -> Subscription {
+                self.records.waiters.subscribe(key)
+            }
+
+            /// Marks the record watched if it is in flight (`announce.lua`), so that its
+            /// completion or release publishes its tag to every instance; does nothing otherwise.
+            async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+                self.records.announce(&mut self.conn().await?, key).await
+            }
+        }
+    };
+}
+
+redis_store!(RedisStore, "redis");
+
+// After the macro, which it uses.
+#[cfg(feature = "redis-cluster")]
+mod cluster;
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+pub use cluster::RedisClusterStore;
 
 /// `complete.lua` and `release.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
 /// record at all).
@@ -650,56 +999,28 @@ impl Purge for RedisStore {
     /// next sweep continues the pass. See the [module documentation](self).
     async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
         let mut conn = self.conn().await?;
-        let pattern = format!("{}:{{*", glob_escape(&self.prefix));
-        let budget = batch as u64;
-        let mut deleted = 0u64;
-        let mut cursor = *self
+        let cursor = *self
             .scan_cursor
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut steps = 0;
-        loop {
-            steps += 1;
-            let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await
-                .map_err(redis_error)?;
-            let mut done = 0;
-            while done < keys.len() && deleted < budget {
-                let take = usize::try_from(budget - deleted)
-                    .unwrap_or(usize::MAX)
-                    .min(keys.len() - done);
-                deleted += self
-                    .purge_keys(&mut conn, &keys[done..done + take], now)
-                    .await?;
-                done += take;
-            }
-            // SCAN cursors are stateless on the server: stopping inside a page means scanning that
-            // page again next time (its deleted keys are gone), so nothing is skipped.
-            let resume = if done < keys.len() { cursor } else { next };
-            if deleted >= budget || resume == 0 || steps >= SCAN_STEPS_PER_CALL {
-                *self
-                    .scan_cursor
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = resume;
-                return Ok(deleted);
-            }
-            cursor = resume;
-        }
+        let (deleted, cursor, _) = self
+            .records
+            .purge(&mut conn, cursor, now, batch as u64, SCAN_STEPS_PER_CALL)
+            .await?;
+        *self
+            .scan_cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = cursor.unwrap_or(0);
+        Ok(deleted)
     }
 }
 
 /// Warns when the server may evict records. Managed services often refuse `CONFIG`: then say nothing.
-async fn warn_if_evicting(mut conn: ConnectionManager) {
+async fn warn_if_evicting<C: ConnectionLike + Send>(conn: &mut C) {
     let policy: RedisResult<Vec<String>> = ::redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await;
     if let Ok(reply) = policy {
         if let Some(policy) = reply.get(1).filter(|p| *p != "noeviction") {
@@ -885,7 +1206,8 @@ async fn subscribe(client: &Client, channel: &str, timeout: Duration) -> RedisRe
 
 /// What the store's pub/sub task needs.
 struct Listener {
-    client: Client,
+    /// The servers to subscribe on, tried in turn (a cluster's every node receives every message).
+    clients: Vec<Client>,
     channel: String,
     waiters: Arc<Waiters>,
     state: watch::Sender<bool>,
@@ -894,14 +1216,15 @@ struct Listener {
 }
 
 /// The store's pub/sub task: wakes local waiters for every tag published on the channel, and
-/// reconnects with backoff whenever the connection fails. Runs until the store aborts it.
+/// reconnects with backoff, to the next server, whenever the connection fails. Runs until the
+/// store aborts it.
 async fn listen(l: Listener, mut initial: Option<PubSub>) {
     let channel = &l.channel;
     let mut backoff = MIN_BACKOFF;
-    loop {
+    for client in l.clients.iter().cycle() {
         let pubsub = match initial.take() {
             Some(pubsub) => pubsub,
-            None => match subscribe(&l.client, channel, l.connection_timeout).await {
+            None => match subscribe(client, channel, l.connection_timeout).await {
                 Ok(pubsub) => {
                     tracing::debug!(target: "idem", %channel, "subscribed to completions");
                     pubsub

@@ -1,0 +1,272 @@
+//! The store conformance suite on the Redis Cluster store, and what only a cluster has to show:
+//! records spread over every primary and purged on each, completions crossing instances subscribed
+//! on different nodes, scripts a node lacks, and claims refused when the replicas asked for cannot
+//! confirm them.
+//!
+//! Every backend instance (one per case) uses a fresh key prefix on the cluster at
+//! `IDEM_TEST_REDIS_CLUSTER_URL` (`.ci/redis-cluster start` runs one) and deletes its keys when
+//! dropped, also when the case fails.
+
+use idem_runtime::store::redis::RedisClusterStore;
+use idem_tests::conformance::Backend;
+use idem_tests::services;
+
+struct Cluster {
+    seeds: Vec<String>,
+    prefix: String,
+    keys: services::RedisClusterPrefix,
+}
+
+impl Cluster {
+    async fn store(&self) -> RedisClusterStore {
+        self.store_on(self.seeds.clone()).await
+    }
+
+    async fn store_on(&self, seeds: Vec<String>) -> RedisClusterStore {
+        RedisClusterStore::builder(seeds)
+            .prefix(&self.prefix)
+            .connect()
+            .await
+            .expect("connect to the cluster")
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Cluster {
+    type Store = RedisClusterStore;
+    async fn open(&self) -> RedisClusterStore {
+        self.store().await
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+    async fn unreachable(&self) -> Option<RedisClusterStore> {
+        // Nothing listens on port 1; a lazy store answers "unavailable" instead of failing to build.
+        Some(
+            RedisClusterStore::builder(["redis://127.0.0.1:1"])
+                .prefix(&self.prefix)
+                .connect_lazy()
+                .expect("valid url"),
+        )
+    }
+}
+
+async fn cluster() -> Cluster {
+    let keys = services::RedisClusterPrefix::create().await;
+    Cluster {
+        seeds: keys.seeds(),
+        prefix: keys.prefix().to_owned(),
+        keys,
+    }
+}
+
+idem_tests::conformance_suite!(
+    cluster,
+    #[cfg_attr(skip_redis_cluster, ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP")]
+);
+
+mod cluster_only {
+    use super::cluster;
+    use idem_runtime::store::redis::RedisClusterStore;
+    use idem_runtime::store::{Claim, ClaimOutcome, Purge};
+    use idem_runtime::sweeper::Sweeper;
+    use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
+    use idem_tests::conformance::{fp, fresh_key, policy, response, T0};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Bounds a step that should finish at once, so that a broken wake-up fails instead of hanging;
+    /// it never decides a pass.
+    const GENEROUS: Duration = Duration::from_secs(30);
+
+    fn fresh_claim(key: &RecordKey, now: idem_runtime::clock::Timestamp) -> Claim<'_> {
+        Claim {
+            key,
+            fingerprint: fp("a"),
+            token: FencingToken::generate(),
+            now,
+            lease_until: now + Duration::from_secs(30),
+            expires_at: now + Duration::from_secs(3600),
+            retain_until: now + Duration::from_secs(4 * 3600),
+        }
+    }
+
+    /// Records land on every primary (each in one slot: a claim, completion or release touching two
+    /// slots would fail with CROSSSLOT), and a purge pass walks every primary: calls continue one
+    /// pass across primaries and skip nothing.
+    #[cfg_attr(
+        skip_redis_cluster,
+        ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_spread_over_every_primary_and_the_purge_walks_each() {
+        let backend = cluster().await;
+        let store = Arc::new(backend.store().await);
+        let scope = format!("sweep-{}", uuid::Uuid::new_v4());
+        let keys: Vec<_> = (0..300)
+            .map(|i| RecordKey::new(scope.clone(), format!("k{i}")))
+            .collect();
+        for key in &keys {
+            store.claim(&fresh_claim(key, T0)).await.expect("claim");
+        }
+        let live = RecordKey::new(scope.clone(), "live");
+        let mut claim = fresh_claim(&live, T0);
+        claim.retain_until = T0 + Duration::from_secs(8 * 3600);
+        store.claim(&claim).await.expect("claim");
+        store
+            .complete(&live, claim.token, &response("live"))
+            .await
+            .expect("complete");
+
+        let placed = backend.keys.keys().await;
+        assert!(placed.len() >= 3, "three primaries: {placed:?}");
+        for (primary, keys) in &placed {
+            assert!(keys.len() > 50, "{primary} holds {} records", keys.len());
+        }
+        assert_eq!(placed.iter().map(|(_, k)| k.len()).sum::<usize>(), 301);
+
+        let later = T0 + Duration::from_secs(4 * 3600);
+        let batch = store.purge_expired(later, 40).await.expect("purge");
+        assert_eq!(batch, 40, "a call deletes at most a batch");
+        let clock = idem_runtime::clock::ManualClock::new(later);
+        let swept = Sweeper::new(store.clone())
+            .batch_size(1_000)
+            .with_clock(clock)
+            .sweep_once()
+            .await
+            .expect("sweep");
+        assert_eq!(
+            batch + swept,
+            300,
+            "the pass purged every record past retention"
+        );
+        let left = backend.keys.keys().await;
+        assert_eq!(
+            left.iter().map(|(_, k)| k.len()).sum::<usize>(),
+            1,
+            "only the live record is left: {left:?}"
+        );
+        assert!(store.get(&live, later).await.expect("get").is_some());
+    }
+
+    /// A completion on instance A wakes a waiter on instance B, subscribed through another seed
+    /// node: the message crosses the cluster, and only because B announced itself.
+    #[cfg_attr(
+        skip_redis_cluster,
+        ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn completion_on_one_instance_wakes_a_waiter_subscribed_on_another_node() {
+        let backend = cluster().await;
+        let mut seeds = backend.seeds.clone();
+        let a = backend.store_on(seeds.clone()).await;
+        seeds.rotate_left(1);
+        let b = backend.store_on(seeds).await;
+        assert!(b.is_subscribed(), "connect returns once subscribed");
+
+        for complete in [true, false] {
+            let key = fresh_key();
+            let claim = fresh_claim(&key, T0);
+            a.claim(&claim).await.expect("claim");
+            let mut woken = b.subscribe(&key);
+            let mut other = b.subscribe(&fresh_key());
+            b.announce_waiter(&key).await.expect("announce");
+            if complete {
+                a.complete(&key, claim.token, &response("a"))
+                    .await
+                    .expect("complete");
+            } else {
+                a.release(&key, claim.token).await.expect("release");
+            }
+            tokio::time::timeout(GENEROUS, woken.changed())
+                .await
+                .expect("B was woken by A's completion or release");
+            assert_eq!(
+                b.get(&key, T0).await.expect("get").is_some(),
+                complete,
+                "B reads what A wrote"
+            );
+            let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
+            assert!(woken.is_err(), "a waiter on another key was woken");
+        }
+        // Through the engine too (the shared case in `idem_tests::conformance`).
+        idem_tests::conformance::a_waiting_duplicate_on_another_instance_is_woken(a, b).await;
+    }
+
+    /// A node that does not know a script (a fresh node, a promoted replica, `SCRIPT FLUSH`) gets it
+    /// with the call that needs it.
+    #[cfg_attr(
+        skip_redis_cluster,
+        ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scripts_are_loaded_on_the_node_that_lacks_them() {
+        let backend = cluster().await;
+        let store = backend.store().await;
+        let engine = Engine::new(store);
+        let flush = || {
+            for node in idem_tests::services::cluster_primaries(&backend.seeds).expect("nodes") {
+                let mut conn = redis::Client::open(node.as_str())
+                    .and_then(|c| c.get_connection())
+                    .expect("connect");
+                redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query::<()>(&mut conn)
+                    .expect("flush");
+            }
+        };
+        for _ in 0..2 {
+            flush();
+            let key = fresh_key();
+            let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp("a"), &policy()).await
+            else {
+                panic!("a new key executes");
+            };
+            guard.complete(&response("a")).await.expect("complete");
+            match engine.begin(key, fp("a"), &policy()).await {
+                Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
+                other => panic!("expected Replay, got {other:?}"),
+            }
+        }
+    }
+
+    /// With `wait_for_replicas`, a claim that the replicas asked for cannot confirm (each primary
+    /// here has one) fails as unavailable, and the handler never runs; with as many as there are,
+    /// claims and completions go through.
+    #[cfg_attr(
+        skip_redis_cluster,
+        ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_the_replicas_do_not_confirm_are_unavailable() {
+        let backend = cluster().await;
+        let store = |replicas| {
+            RedisClusterStore::builder(backend.seeds.clone())
+                .prefix(&backend.prefix)
+                .wait_for_replicas(replicas, Duration::from_millis(50))
+                .connect()
+        };
+        let two = Engine::new(store(2).await.expect("connect"));
+        for _ in 0..3 {
+            match two.begin(fresh_key(), fp("a"), &policy()).await {
+                Err(Rejection::Unavailable { source, .. }) => {
+                    assert_eq!(source.kind(), StoreErrorKind::Unavailable, "{source}")
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+
+        let one = store(1).await.expect("connect");
+        let key = fresh_key();
+        let claim = fresh_claim(&key, T0);
+        assert_eq!(
+            one.claim(&claim).await.expect("confirmed by the replica"),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        one.complete(&key, claim.token, &response("a"))
+            .await
+            .expect("confirmed by the replica");
+        let replay = one.claim(&fresh_claim(&key, T0)).await.expect("replay");
+        assert!(matches!(replay, ClaimOutcome::Existing(_)), "{replay:?}");
+    }
+}
