@@ -22,7 +22,7 @@
 //!
 //! Integers are big-endian, times signed. The fields the scripts read (state, watched, token, retain)
 //! sit at fixed offsets, so a script checks a claim or a retention by slicing, without decoding the
-//! rest; `complete.lua` turns an in-flight record into a completed one by changing the state byte and
+//! rest; `settle.lua` turns an in-flight record into a completed one by changing the state byte and
 //! appending a [`Response`]. A change to the layout must change the version: the decoder refuses
 //! every other version as corrupt, and so do the scripts.
 
@@ -104,7 +104,7 @@ pub(super) fn state(record: &Record) -> &'static [u8] {
     }
 }
 
-/// A completed record's tail: what `complete.lua` appends to the header. As a command argument
+/// A completed record's tail: what `settle.lua` appends to the header. As a command argument
 /// it is written straight into the command, without a buffer of its own.
 #[derive(Clone, Copy)]
 pub(super) struct Response<'a>(&'a StoredResponse);
@@ -162,7 +162,7 @@ impl ToRedisArgs for Response<'_> {
 }
 
 /// Decodes a stored record; any bytes that are not one [`encode`] could have written (or
-/// `complete.lua` made of one) are [`Corrupt`](super::super::StoreErrorKind::Corrupt). The header
+/// `settle.lua` made of one) are [`Corrupt`](super::super::StoreErrorKind::Corrupt). The header
 /// values and the body are sliced out of `blob` without a copy.
 pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
     let Some(header) = blob.first_chunk::<HEADER_LEN>() else {
@@ -342,7 +342,7 @@ mod tests {
     }
 
     /// The scripts slice the value at fixed offsets (Lua strings count from 1): state at 2, watched
-    /// at 3, the token at 4..11, retain_until at 28..35; and `complete.lua` completes a record by
+    /// at 3, the token at 4..11, retain_until at 28..35; and `settle.lua` completes a record by
     /// changing byte 2 to `D` and appending [`response`].
     #[test]
     fn the_fields_sit_where_the_scripts_read_them() {
@@ -358,7 +358,7 @@ mod tests {
         assert_eq!(value[3..11], token(in_flight.token));
         assert_eq!(value[27..35], (-1i64).to_be_bytes());
 
-        // What complete.lua does, and announce.lua before it.
+        // What settle.lua does, and announce.lua before it.
         let mut done = value.clone();
         done[1] = b'D';
         done[2] = 1;

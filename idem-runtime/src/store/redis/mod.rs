@@ -26,10 +26,9 @@
 //!   out), does the claim run `replace.lua`, which overwrites it if it is still the record decoded (same
 //!   token and state); if another request changed it meanwhile, the claim starts over (a few times at
 //!   most).
-//! - **complete** is `complete.lua`: checks the token and the in-flight state, appends the response
-//!   to the header (keeping the TTL) and `PUBLISH`es the record's tag on `<prefix>:done` only if the
-//!   record is watched. **release** is `release.lua`: the same check, `DEL`, and the same conditional
-//!   `PUBLISH`.
+//! - **complete** and **release** are `settle.lua`: it checks the token and the in-flight state,
+//!   then appends the response to the header (keeping the TTL) or deletes the key, and `PUBLISH`es
+//!   the record's tag on `<prefix>:done` only if the record is watched.
 //! - **renew** is `renew.lua`: the same check, then the lease field is overwritten in place
 //!   (`SETRANGE`, which keeps the TTL).
 //! - **announce_waiter** is `announce.lua`: sets the `watched` flag of an in-flight record, so that
@@ -535,8 +534,7 @@ impl Lua {
 
 struct Scripts {
     replace: Lua,
-    complete: Lua,
-    release: Lua,
+    settle: Lua,
     renew: Lua,
     announce: Lua,
     purge: Lua,
@@ -546,8 +544,7 @@ impl Scripts {
     fn new() -> Self {
         Self {
             replace: Lua::new(include_str!("replace.lua")),
-            complete: Lua::new(include_str!("complete.lua")),
-            release: Lua::new(include_str!("release.lua")),
+            settle: Lua::new(include_str!("settle.lua")),
             renew: Lua::new(include_str!("renew.lua")),
             announce: Lua::new(include_str!("announce.lua")),
             purge: Lua::new(include_str!("purge.lua")),
@@ -722,54 +719,39 @@ impl Records {
         Ok(replaced == 1)
     }
 
-    async fn complete<C: ConnectionLike + Send>(
+    /// Completes the claim with `response`, or releases it when `None` (`settle.lua`). Only a
+    /// completion waits for replicas.
+    async fn settle<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         key: &RecordKey,
         token: FencingToken,
-        response: &StoredResponse,
+        response: Option<&StoredResponse>,
     ) -> Result<(), StoreError> {
-        let tail = blob::Response::new(response)?;
+        let tail = response.map(blob::Response::new).transpose()?;
         let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(token)[..]).arg(tail);
+            cmd.arg(&blob::token(token)[..]);
+            if let Some(tail) = tail {
+                cmd.arg(tail);
+            }
         };
-        let sizes = (2, 8 + tail.len());
+        let sizes = (
+            1 + usize::from(tail.is_some()),
+            8 + tail.map_or(0, |t| t.len()),
+        );
+        let completing = response.is_some();
         let (reply, durable) = self
             .eval(
                 conn,
-                &self.scripts.complete,
+                &self.scripts.settle,
                 self.key(key),
                 sizes,
                 args,
-                true,
+                completing,
             )
             .await?;
         applied_or_fenced(reply)?;
         confirmed(durable)?;
-        self.waiters.notify(key);
-        Ok(())
-    }
-
-    async fn release<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(token)[..]);
-        };
-        let (reply, _) = self
-            .eval(
-                conn,
-                &self.scripts.release,
-                self.key(key),
-                (1, 8),
-                args,
-                false,
-            )
-            .await?;
-        applied_or_fenced(reply)?;
         self.waiters.notify(key);
         Ok(())
     }
@@ -926,7 +908,9 @@ macro_rules! redis_store {
                 response: &StoredResponse,
             ) -> Result<(), StoreError> {
                 let mut conn = self.conn().await?;
-                self.records.complete(&mut conn, key, token, response).await
+                self.records
+                    .settle(&mut conn, key, token, Some(response))
+                    .await
             }
 
             async fn release(
@@ -935,7 +919,7 @@ macro_rules! redis_store {
                 token: FencingToken,
             ) -> Result<(), StoreError> {
                 self.records
-                    .release(&mut self.conn().await?, key, token)
+                    .settle(&mut self.conn().await?, key, token, None)
                     .await
             }
 
@@ -979,7 +963,7 @@ mod cluster;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
 pub use cluster::RedisClusterStore;
 
-/// `complete.lua` and `release.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
+/// `settle.lua` and `renew.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
 /// record at all).
 fn applied_or_fenced(reply: i64) -> Result<(), StoreError> {
     match reply {

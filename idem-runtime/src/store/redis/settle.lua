@@ -1,13 +1,13 @@
--- idem RedisStore::complete: stores the response of a claim that is still current.
+-- idem's Redis stores, complete and release: settles a claim that is still current.
 --
 -- KEYS[1]  the record's key, `<prefix>:{<tag>}`
 -- ARGV[1]  the caller's fencing token (its 8 stored bytes)
--- ARGV[2]  the response, encoded as a completed record's tail (blob.rs): appended to the header
+-- ARGV[2]  to complete: the response, encoded as a completed record's tail (blob.rs), appended to
+--          the header (SET KEEPTTL keeps the key's TTL); absent to release: the key is deleted
 --
--- Returns 1 if the record was in flight under ARGV[1] and is now completed, 0 if not (no record,
--- another token, or already completed), -1 if the key holds something that is not a record of
--- layout version 1; in the last two cases nothing changed. SET KEEPTTL keeps the key's TTL, so the
--- record still disappears at retain_until.
+-- Returns 1 if the record was in flight under ARGV[1] and is now completed or deleted, 0 if not (no
+-- record, another token, or already completed), -1 if the key holds something that is not a record
+-- of layout version 1; in the last two cases nothing changed.
 --
 -- If the record is watched (a duplicate announced itself, announce.lua), publishes <tag> on
 -- `<prefix>:done`, both read from the key (the prefix has no braces). With many instances every
@@ -25,7 +25,11 @@ end
 if #cur ~= 75 then
   return -1
 end
-redis.call('SET', KEYS[1], '\1D' .. string.sub(cur, 3) .. ARGV[2], 'KEEPTTL')
+if ARGV[2] then
+  redis.call('SET', KEYS[1], '\1D' .. string.sub(cur, 3) .. ARGV[2], 'KEEPTTL')
+else
+  redis.call('DEL', KEYS[1])
+end
 if string.byte(cur, 3) == 1 then
   local open = string.find(KEYS[1], '{', 1, true)
   redis.call('PUBLISH', string.sub(KEYS[1], 1, open - 2) .. ':done', string.sub(KEYS[1], open + 1, -2))
