@@ -27,7 +27,7 @@ const REPLAY_KEYS: u64 = 1_000;
 /// Slices per round (see `throughput::interleaved`).
 const SLICES: u32 = 10;
 
-/// Fences a completion as idem's `complete.lua` does: stores the response only if the key still
+/// Fences a completion as idem's `settle.lua` does: stores the response only if the key still
 /// holds this claim's in-flight value, keeping its TTL.
 const FENCED_COMPLETE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
      return redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end return false";

@@ -1,5 +1,5 @@
 -- idem RedisStore::announce_waiter: marks an in-flight record watched, so that its completion or
--- release publishes its tag (complete.lua, release.lua).
+-- release publishes its tag (settle.lua).
 --
 -- KEYS[1]  the record's key
 --
