@@ -214,6 +214,41 @@ pub async fn a_waiting_duplicate_on_another_instance_is_woken<S: Store>(a: S, b:
     }
 }
 
+/// For shared stores, given two instances that share nothing but the server: a completion or a
+/// release on `a` wakes a subscriber on `b` that announced itself (the wake-up can only come
+/// through the server), `b` then reads what `a` wrote, and a subscriber to another key stays asleep.
+pub async fn a_completion_or_release_wakes_its_key_on_another_instance<S: Store>(a: &S, b: &S) {
+    const GENEROUS: Duration = Duration::from_secs(30);
+    for complete in [true, false] {
+        let key = fresh_key();
+        let claim = Claim::fresh(&key, fp("a"), T0, &policy());
+        a.claim(&claim).await.expect("claim");
+        let mut woken = b.subscribe(&key);
+        let mut other = b.subscribe(&fresh_key());
+        b.announce_waiter(&key).await.expect("announce");
+        if complete {
+            a.complete(&key, claim.token, &response("a"))
+                .await
+                .expect("complete");
+        } else {
+            a.release(&key, claim.token).await.expect("release");
+        }
+        tokio::time::timeout(GENEROUS, woken.changed())
+            .await
+            .expect("b was woken by a's completion or release");
+        let record = b.get(&key, T0).await.expect("get");
+        assert_eq!(
+            record.map(|r| r.state),
+            complete.then(|| RecordState::Completed {
+                response: response("a")
+            }),
+            "b reads what a wrote"
+        );
+        let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
+        assert!(woken.is_err(), "a waiter on another key was woken");
+    }
+}
+
 /// A store that is down.
 struct Down;
 

@@ -108,68 +108,18 @@ async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey
         .expect("complete");
 }
 
-/// A completion on instance A wakes a waiter on instance B, which shares nothing with A but the
-/// database: the wake-up can only come through NOTIFY.
+/// A completion or release on instance A wakes a waiter on instance B, which shares nothing with A
+/// but the database: the wake-up can only come through NOTIFY (`from_pool` returns once the
+/// listener listens).
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_on_one_instance_wakes_a_waiter_on_another() {
     let db = TestDb::create().await;
-    let a = db.store().await;
-    let b = db.store().await;
-
-    // First make sure B's listener is up: a probe key completed on A wakes B's subscriber, either by
-    // its notification or by the wake-everyone B's listener sends once it starts listening.
-    let probe = fresh_key();
-    let probe_token = FencingToken::generate();
-    a.claim(&claim_of(&probe, probe_token))
-        .await
-        .expect("claim");
-    let mut probe_sub = b.subscribe(&probe);
-    b.announce_waiter(&probe).await.expect("announce");
-    a.complete(&probe, probe_token, &response("a"))
-        .await
-        .expect("complete");
-    tokio::time::timeout(GENEROUS, probe_sub.changed())
-        .await
-        .expect("B's listener is up");
-
-    // Now B's listener is listening: only a notification can wake this subscriber.
-    let key = fresh_key();
-    let token = FencingToken::generate();
-    a.claim(&claim_of(&key, token)).await.expect("claim");
-    let mut sub = b.subscribe(&key);
-    b.announce_waiter(&key).await.expect("announce");
-    let other_key = fresh_key();
-    let mut other = b.subscribe(&other_key);
-    b.announce_waiter(&other_key).await.expect("announce");
-    a.complete(&key, token, &response("a"))
-        .await
-        .expect("complete");
-    tokio::time::timeout(GENEROUS, sub.changed())
-        .await
-        .expect("B woken by A's completion");
-    let record = b.get(&key, T0).await.expect("get").expect("record");
-    assert_eq!(
-        record.state,
-        RecordState::Completed {
-            response: response("a")
-        }
-    );
-    // The notification names its key: B's waiter on another key stays asleep.
-    let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
-    assert!(woken.is_err(), "a waiter on another key was woken");
-
-    // A release is announced the same way.
-    let key = fresh_key();
-    let token = FencingToken::generate();
-    a.claim(&claim_of(&key, token)).await.expect("claim");
-    let mut sub = b.subscribe(&key);
-    b.announce_waiter(&key).await.expect("announce");
-    a.release(&key, token).await.expect("release");
-    tokio::time::timeout(GENEROUS, sub.changed())
-        .await
-        .expect("B woken by A's release");
-    assert!(b.get(&key, T0).await.expect("get").is_none());
+    idem_tests::conformance::a_completion_or_release_wakes_its_key_on_another_instance(
+        &db.store().await,
+        &db.store().await,
+    )
+    .await;
 }
 
 /// Through the engine, woken through LISTEN/NOTIFY (the shared case in `idem_tests::conformance`).

@@ -68,9 +68,7 @@ mod redis_only {
     use idem_runtime::store::redis::RedisStore;
     use idem_runtime::store::{Claim, ClaimOutcome, Purge};
     use idem_runtime::sweeper::Sweeper;
-    use idem_runtime::{
-        Begin, Engine, FencingToken, RecordKey, RecordState, Rejection, Store, StoreErrorKind,
-    };
+    use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
     use idem_tests::proxy::Proxy;
     use std::sync::Arc;
@@ -104,54 +102,17 @@ mod redis_only {
         redis_key[open + 1..redis_key.len() - 1].to_owned()
     }
 
-    /// A completion on instance A wakes a waiter on instance B, which shares nothing with A but the
-    /// Redis server: the wake-up can only come through pub/sub, and only because B announced itself.
+    /// A completion or release on instance A wakes a waiter on instance B, which shares nothing
+    /// with A but the Redis server: the wake-up can only come through pub/sub, and only because B
+    /// announced itself.
     #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn completion_on_one_instance_wakes_a_waiter_on_another() {
         let backend = redis().await;
-        let a = backend.store().await;
-        let b = backend.store().await;
+        let (a, b) = (backend.store().await, backend.store().await);
         assert!(b.is_subscribed(), "connect returns once subscribed");
-
-        let key = fresh_key();
-        let claim = fresh_claim(&key, T0);
-        a.claim(&claim).await.expect("claim");
-        let mut woken = b.subscribe(&key);
-        b.announce_waiter(&key).await.expect("announce");
-        let other_key = fresh_key();
-        let other_claim = fresh_claim(&other_key, T0);
-        a.claim(&other_claim).await.expect("claim");
-        let mut other = b.subscribe(&other_key);
-        b.announce_waiter(&other_key).await.expect("announce");
-        a.complete(&key, claim.token, &response("a"))
-            .await
-            .expect("complete");
-        tokio::time::timeout(GENEROUS, woken.changed())
-            .await
-            .expect("B was woken by A's completion");
-        let record = b.get(&key, T0).await.expect("get").expect("record");
-        assert_eq!(
-            record.state,
-            RecordState::Completed {
-                response: response("a")
-            }
-        );
-        // The message names its key: B's waiter on another key stays asleep.
-        let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
-        assert!(woken.is_err(), "a waiter on another key was woken");
-
-        // A release wakes the other instance too.
-        let key = fresh_key();
-        let claim = fresh_claim(&key, T0);
-        a.claim(&claim).await.expect("claim");
-        let mut woken = b.subscribe(&key);
-        b.announce_waiter(&key).await.expect("announce");
-        a.release(&key, claim.token).await.expect("release");
-        tokio::time::timeout(GENEROUS, woken.changed())
-            .await
-            .expect("B was woken by A's release");
-        assert!(b.get(&key, T0).await.expect("get").is_none());
+        idem_tests::conformance::a_completion_or_release_wakes_its_key_on_another_instance(&a, &b)
+            .await;
     }
 
     /// Through the engine, woken through pub/sub (the shared case in `idem_tests::conformance`).

@@ -75,10 +75,6 @@ mod cluster_only {
     use std::sync::Arc;
     use std::time::Duration;
 
-    /// Bounds a step that should finish at once, so that a broken wake-up fails instead of hanging;
-    /// it never decides a pass.
-    const GENEROUS: Duration = Duration::from_secs(30);
-
     fn fresh_claim(key: &RecordKey, now: idem_runtime::clock::Timestamp) -> Claim<'_> {
         Claim {
             key,
@@ -164,31 +160,8 @@ mod cluster_only {
         let b = backend.store_on(seeds).await;
         assert!(b.is_subscribed(), "connect returns once subscribed");
 
-        for complete in [true, false] {
-            let key = fresh_key();
-            let claim = fresh_claim(&key, T0);
-            a.claim(&claim).await.expect("claim");
-            let mut woken = b.subscribe(&key);
-            let mut other = b.subscribe(&fresh_key());
-            b.announce_waiter(&key).await.expect("announce");
-            if complete {
-                a.complete(&key, claim.token, &response("a"))
-                    .await
-                    .expect("complete");
-            } else {
-                a.release(&key, claim.token).await.expect("release");
-            }
-            tokio::time::timeout(GENEROUS, woken.changed())
-                .await
-                .expect("B was woken by A's completion or release");
-            assert_eq!(
-                b.get(&key, T0).await.expect("get").is_some(),
-                complete,
-                "B reads what A wrote"
-            );
-            let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
-            assert!(woken.is_err(), "a waiter on another key was woken");
-        }
+        idem_tests::conformance::a_completion_or_release_wakes_its_key_on_another_instance(&a, &b)
+            .await;
         // Through the engine too (the shared case in `idem_tests::conformance`).
         idem_tests::conformance::a_waiting_duplicate_on_another_instance_is_woken(a, b).await;
     }
