@@ -64,6 +64,13 @@
 //!   signature gave them. `impl Trait` in the return type becomes `_` (not allowed in a `let`),
 //!   and the value passes through `fn __idem_returns(__idem_ret: T) -> T` with the original `T`,
 //!   so the bound is still checked where the user wrote it.
+//! - With a `#[utoipa::path(...)]` among the attributes (written below `#[idempotent]`, so it is
+//!   still there), the policy is the associated const of a hidden `struct __idem_create` (`impl
+//!   ::idem_runtime::__private::openapi::Documented`), which the handler's const names, so it is
+//!   evaluated once; and `::idem_runtime::__private::openapi::Idem<__idem_create>` goes first into
+//!   the path's `params(...)` (a new one if there is none), spanned at the path attribute: that
+//!   type alias yields the `Idempotency-Key` parameter with the runtime's `utoipa` feature, and an
+//!   error naming the feature there without it.
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
@@ -74,7 +81,7 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{parse_quote, parse_quote_spanned, Attribute, Meta};
+use syn::{parse_quote_spanned, Attribute, Meta};
 use syn::{FnArg, Ident, ItemFn, PatType, ReturnType, Type};
 
 pub(crate) fn expand(config: Config) -> TokenStream {
@@ -251,26 +258,27 @@ fn document(
 ) -> TokenStream {
     let def = Span::mixed_site();
     let ty = Ident::new(&format!("__idem_{name}"), def);
-    let path = attr.path().clone();
-    let args = match &attr.meta {
-        Meta::List(list) => list.tokens.clone(),
-        _ => TokenStream::new(),
-    };
-    let mut args: Vec<TokenTree> = args.into_iter().collect();
-    let param = quote_spanned!(path.span()=> ::idem_runtime::__private::openapi::Idem<#ty>);
-    let params = args.windows(2).position(|w| {
-        matches!(w, [TokenTree::Ident(i), TokenTree::Group(g)] if i == "params" && g.delimiter() == Delimiter::Parenthesis)
-    });
-    match params.map(|i| &mut args[i + 1]) {
-        Some(TokenTree::Group(group)) => {
-            let listed = group.stream();
-            let mut with = Group::new(Delimiter::Parenthesis, quote!(#param, #listed));
-            with.set_span(group.span());
-            *group = with;
-        }
-        _ => args.splice(0..0, quote!(params(#param),)).for_each(drop),
+    let param = quote_spanned!(attr.path().span()=> ::idem_runtime::__private::openapi::Idem<#ty>);
+    // Into the `params(...)` list, first, or into a new one: utoipa takes its arguments in any order.
+    if let Meta::List(list) = &mut attr.meta {
+        let mut args: Vec<TokenTree> = list.tokens.clone().into_iter().collect();
+        let params = args.windows(2).position(|w| {
+            matches!(w, [TokenTree::Ident(i), TokenTree::Group(g)] if i == "params" && g.delimiter() == Delimiter::Parenthesis)
+        });
+        list.tokens = match params.map(|i| &mut args[i + 1]) {
+            Some(TokenTree::Group(group)) => {
+                let listed = group.stream();
+                let mut with = Group::new(Delimiter::Parenthesis, quote!(#param, #listed));
+                with.set_span(group.span());
+                *group = with;
+                args.into_iter().collect()
+            }
+            _ => {
+                let args = &list.tokens;
+                quote!(params(#param), #args)
+            }
+        };
     }
-    attr.meta = parse_quote!(#path(#(#args)*));
     let item = quote_spanned!(def=>
         #[allow(non_camel_case_types, dead_code)]
         struct #ty;

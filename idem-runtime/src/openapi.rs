@@ -1,7 +1,7 @@
-//! OpenAPI documents that know each handler's idempotency policy, through [utoipa].
+//! OpenAPI documents that know each handler's idempotency policy, through [utoipa] 5.
 //!
-//! Write `#[utoipa::path(...)]` below `#[idempotent]`, and add [`Idempotency`] to the API's
-//! modifiers once:
+//! Write `#[utoipa::path(...)]` below `#[idempotent]` (above it, utoipa would run first and idem
+//! could not add anything), and add [`Idempotency`] to the API's modifiers once:
 //!
 //! ```
 //! # use idem_runtime::idempotent;
@@ -32,7 +32,9 @@
 //!   policy (`ttl` and `retain`), which the IETF draft says a server must publish. The policy is
 //!   also the parameter's `x-idem` extension, for tools (durations in milliseconds);
 //! - `Idempotency-Replayed` and `Idempotency-Expires` on the responses the handler declares, as
-//!   those are stored and replayed (not its 5xx ones, unless `server_errors = "store"`);
+//!   idem stores and replays them (not its 5xx ones, unless `server_errors = "store"`). Both are
+//!   optional headers: a response answered before the handler runs, such as an extractor's 401,
+//!   carries neither;
 //! - the problems idem answers, `application/problem+json` with the RFC 9457 `ProblemDetails`
 //!   schema: 400, 409 and 503 with `Retry-After`, 410, 413, and 422 with `Idempotency-Expires`. A
 //!   status the handler declares too keeps its own description and content, and gets idem's.
@@ -44,12 +46,16 @@
 //! `OpenApiRouter`, run it on the document `split_for_parts` returns:
 //! `Idempotency.modify(&mut api)`.
 //!
+//! utoipa reads the handler as the attribute rewrote it, whose last parameter is wrapped: declare
+//! the request body (`request_body = ...`) and a path parameter that comes last
+//! (`params(("id" = String, Path))`) in `#[utoipa::path]`, as `axum_extras` cannot find them.
+//!
 //! Why utoipa and not aide: utoipa documents each handler where it is declared, by an attribute on
 //! the function, which is where idem's policy is known, and it leaves axum's `Router` and the
 //! application's types as they are. aide builds the document from the routes instead, which asks
 //! an application to move to its `ApiRouter` and to derive `schemars` schemas for its types, and
-//! it sees extractor types, which do not carry the policy. Most axum services that publish a
-//! document use utoipa.
+//! it sees extractor types, which do not carry the policy. utoipa is also the one most axum
+//! services already use.
 //!
 //! [utoipa]: https://docs.rs/utoipa
 
