@@ -64,17 +64,24 @@
 //!   signature gave them. `impl Trait` in the return type becomes `_` (not allowed in a `let`),
 //!   and the value passes through `fn __idem_returns(__idem_ret: T) -> T` with the original `T`,
 //!   so the bound is still checked where the user wrote it.
+//! - With a `#[utoipa::path(...)]` among the attributes (written below `#[idempotent]`, so it is
+//!   still there), the policy is the associated const of a hidden `struct __idem_create` (`impl
+//!   ::idem_runtime::__private::openapi::Documented`), which the handler's const names, so it is
+//!   evaluated once; and `::idem_runtime::__private::openapi::Idem<__idem_create>` goes first into
+//!   the path's `params(...)` (a new one if there is none), spanned at the path attribute: that
+//!   type alias yields the `Idempotency-Key` parameter with the runtime's `utoipa` feature, and an
+//!   error naming the feature there without it.
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
 use crate::config::{Broken, Config, Rule, ScopeSource, Value};
 use crate::options::Opt;
-use proc_macro2::{Delimiter, Group, Span, TokenStream};
-use quote::{quote_spanned, ToTokens};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
-use syn::parse_quote_spanned;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
+use syn::{parse_quote_spanned, Attribute, Meta};
 use syn::{FnArg, Ident, ItemFn, PatType, ReturnType, Type};
 
 pub(crate) fn expand(config: Config) -> TokenStream {
@@ -88,7 +95,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     ];
     let [engine, request, scope_var, policy_const] = names.map(|n| Ident::new(n, def));
     let ItemFn {
-        attrs,
+        mut attrs,
         vis,
         mut sig,
         block,
@@ -99,7 +106,17 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     };
     let global = matches!(config.scope, ScopeSource::Global);
     let name = sig.ident.unraw().to_string();
-    let policy = policy(&p, &base, &name, global, &config.values, &config.rules);
+    let mut policy = policy(&p, &base, &name, global, &config.values, &config.rules);
+    let documented = attrs
+        .iter_mut()
+        .find(|attr| {
+            attr.path()
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .eq(["utoipa", "path"])
+        })
+        .map(|attr| document(&p, &name, attr, &mut policy));
     let limit = match config.values.iter().find(|(opt, _)| *opt == Opt::MaxBody) {
         Some((_, Value::Size(bytes))) => quote_spanned!(def=> #bytes),
         _ => quote_spanned!(def=> { #base.max_request_body }),
@@ -152,6 +169,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     );
     sig.output = parse_quote_spanned!(def=> -> #p::Response);
     quote_spanned! {def=>
+        #documented
         #(#attrs)*
         #vis #sig {
             const #policy_const: #p::Policy = #policy;
@@ -227,6 +245,49 @@ fn policy(
             _ => #policy #checked,
         }
     })
+}
+
+/// For `#[utoipa::path(...)]`: the hidden type whose `Documented` impl holds the policy (which
+/// the handler's constant then names), added to the path's `params(...)`, spanned at the path
+/// attribute: the runtime reports a missing `utoipa` feature there.
+fn document(
+    p: &TokenStream,
+    name: &str,
+    attr: &mut Attribute,
+    policy: &mut TokenStream,
+) -> TokenStream {
+    let def = Span::mixed_site();
+    let ty = Ident::new(&format!("__idem_{name}"), def);
+    let param = quote_spanned!(attr.path().span()=> ::idem_runtime::__private::openapi::Idem<#ty>);
+    // Into the `params(...)` list, first, or into a new one: utoipa takes its arguments in any order.
+    if let Meta::List(list) = &mut attr.meta {
+        let mut args: Vec<TokenTree> = list.tokens.clone().into_iter().collect();
+        let params = args.windows(2).position(|w| {
+            matches!(w, [TokenTree::Ident(i), TokenTree::Group(g)] if i == "params" && g.delimiter() == Delimiter::Parenthesis)
+        });
+        list.tokens = match params.map(|i| &mut args[i + 1]) {
+            Some(TokenTree::Group(group)) => {
+                let listed = group.stream();
+                let mut with = Group::new(Delimiter::Parenthesis, quote!(#param, #listed));
+                with.set_span(group.span());
+                *group = with;
+                args.into_iter().collect()
+            }
+            _ => {
+                let args = &list.tokens;
+                quote!(params(#param), #args)
+            }
+        };
+    }
+    let item = quote_spanned!(def=>
+        #[allow(non_camel_case_types, dead_code)]
+        struct #ty;
+        impl #p::openapi::Documented for #ty {
+            const POLICY: #p::Policy = #policy;
+        }
+    );
+    *policy = quote_spanned!(def=> <#ty as #p::openapi::Documented>::POLICY);
+    item
 }
 
 /// The probe of each parameter before the last (see `idem_runtime::__private::Param`), at its type.
@@ -414,6 +475,46 @@ mod tests {
         assert!(out.contains("let __idem_ret : _ ="));
         assert!(
             out.contains("fn __idem_returns (__idem_ret : impl IntoResponse) -> impl IntoResponse")
+        );
+    }
+
+    #[test]
+    fn a_utoipa_path_gets_the_key_parameter_and_the_policy() {
+        let handler = |path: proc_macro2::TokenStream| {
+            quote!(
+                #[doc = "Creates."]
+                #path
+                async fn create(body: String) {}
+            )
+        };
+        let param = ":: idem_runtime :: __private :: openapi :: Idem < __idem_create >";
+        let out = expand(
+            quote!(scope = "global", ttl = "1h"),
+            handler(
+                quote!(#[utoipa::path(post, path = "/x", params(("id" = u64, Path)), responses((status = 201)))]),
+            ),
+        );
+        assert!(out.contains(&format!("# [utoipa :: path (post , path = \"/x\" , params ({param} , (\"id\" = u64 , Path)) , responses ((status = 201)))]")), "{out}");
+        assert!(out.contains("struct __idem_create ; impl :: idem_runtime :: __private :: openapi :: Documented for __idem_create { const POLICY : :: idem_runtime :: __private :: Policy = :: idem_runtime :: __private :: Policy :: new () . ttl"), "{out}");
+        assert!(out.contains("const __IDEM_POLICY : :: idem_runtime :: __private :: Policy = < __idem_create as :: idem_runtime :: __private :: openapi :: Documented > :: POLICY ;"), "{out}");
+        let out = expand(
+            quote!(scope = "global"),
+            handler(quote!(#[utoipa::path(get, path = "/x")])),
+        );
+        assert!(
+            out.contains(&format!(
+                "# [utoipa :: path (params ({param}) , get , path = \"/x\")]"
+            )),
+            "{out}"
+        );
+        // Another attribute named `path` is left alone.
+        let out = expand(
+            quote!(scope = "global"),
+            handler(quote!(#[other::path(get)])),
+        );
+        assert!(
+            out.contains("# [other :: path (get)]") && !out.contains("Documented"),
+            "{out}"
         );
     }
 

@@ -279,6 +279,17 @@ use proc_macro::TokenStream;
 /// # let _: axum::Router<App> = axum::Router::new().route("/", axum::routing::post(create_payment));
 /// ```
 ///
+/// # OpenAPI (`utoipa`)
+///
+/// A `#[utoipa::path(...)]` written *below* `#[idempotent]` gets the handler's `Idempotency-Key`
+/// header added to its `params(...)`, described from the handler's final policy (required or not,
+/// syntax, `ttl` and `retain`). `idem_runtime::openapi::Idempotency`, added once to the API's
+/// modifiers, adds the `Idempotency-Replayed` and `Idempotency-Expires` response headers and idem's
+/// problem responses. This needs idem-runtime's `utoipa` feature; without it, the path attribute is
+/// a compile error. Declare the request body (`request_body = ...`) and a path parameter that is the
+/// handler's last parameter (`params(("id" = String, Path))`) in the attribute: utoipa sees the
+/// rewritten handler, whose last parameter is wrapped. See the `idem_runtime::openapi` module.
+///
 /// # What the handler becomes
 ///
 /// The attribute wraps the last parameter in `idem_runtime::__private::WithBody<T, LIMIT>`, which

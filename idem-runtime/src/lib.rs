@@ -13,6 +13,8 @@
 //! - [`sweeper::Sweeper`] purges records past retention in batches.
 //! - [`transaction`] (PostgreSQL, SQLite) claims inside the application's own transaction, so that
 //!   the effect and its stored response commit together: exactly once, even across crashes.
+//! - `openapi` (feature `utoipa`) documents each idempotent handler's key header, replay headers
+//!   and problem responses in the application's OpenAPI document.
 //! - `client` (feature `client`) is the caller's half: a retrying reqwest client that sends one key
 //!   per logical request and retries only where a retry can help.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -29,6 +31,9 @@ pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod metrics;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
 pub mod policy;
 pub mod record;
 pub mod store;

@@ -10,10 +10,11 @@ use std::fmt;
 /// A key as stored: the caller's scope plus the client's key. Two scopes never share a record.
 ///
 /// Both parts come from callers (a scope is often a user or tenant id, taken from a token), so
-/// each is bounded to [`MAX_PART`](Self::MAX_PART) bytes whatever they send: a longer part is stored as its first
-/// bytes, kept readable for operators, then its SHA-256, exactly `MAX_PART + 1` bytes in all. A
-/// part kept as it is never reaches that length, so no two different (scope, key) pairs share a
-/// stored key, and every store's limits hold (PostgreSQL's index rows, Redis keys).
+/// each is bounded to [`MAX_PART`](Self::MAX_PART) bytes whatever they send: a longer part is
+/// stored as its first bytes, kept readable for operators, then its SHA-256, exactly
+/// `MAX_PART + 1` bytes in all. A part kept as it is never reaches that length, so no two
+/// different (scope, key) pairs share a stored key, and every store's limits hold (PostgreSQL's
+/// index rows, Redis keys).
 ///
 /// ```
 /// use idem_runtime::RecordKey;

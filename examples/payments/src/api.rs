@@ -2,7 +2,7 @@
 //! `IdempotencyLayer`, see [`crate::router`]) are idempotent; the reads need not be.
 
 use crate::auth::AuthUser;
-use crate::card::CardNetwork;
+use crate::card::{CardNetwork, Charge};
 use crate::ledger::{Ledger, Payment};
 use crate::AppState;
 use axum::extract::{Path, State};
@@ -13,14 +13,23 @@ use axum::Json;
 use idem_runtime::axum::Attempt;
 use idem_runtime::sqlx::{Postgres, Sqlite};
 use idem_runtime::{idempotent, Policy, Tx};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// A payment request: a JSON object `{"amount": 1000, "currency": "KRW"}`.
-#[derive(Debug)]
+#[derive(Debug, utoipa::ToSchema)]
 pub(crate) struct NewPayment {
+    /// In the currency's minor unit; positive.
     amount: i64,
+    /// ISO 4217 code, such as `KRW`.
     currency: String,
+}
+
+/// An error the API answers itself: `{"error": "..."}`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ApiError {
+    /// What is wrong.
+    error: String,
 }
 
 /// Only the object form. serde's derive would also take the sequence form, `[1000, "KRW"]`, which
@@ -48,9 +57,26 @@ const PAYMENTS: Policy = Policy::new()
     .lease(Duration::from_secs(10))
     .max_request_body(64 * 1024);
 
-/// `POST /payments`: a client that heard nothing retries with the same key and gets this
-/// payment's 201 again, never a second charge.
+/// Create a payment
+///
+/// Charges the card and records the payment. A client that heard nothing retries with the same
+/// `Idempotency-Key` and gets this payment's 201 again, never a second charge.
+///
+/// The transactional variants below serve this route with the same policy and responses.
 #[idempotent(scope = "user", policy = PAYMENTS)]
+#[utoipa::path(
+    post,
+    path = "/payments",
+    tag = "payments",
+    request_body = NewPayment,
+    responses(
+        (status = 201, description = "The payment, captured", body = Payment,
+            headers(("Location" = String, description = "`/payments/{id}`"))),
+        (status = 401, description = "No bearer token"),
+        (status = 422, description = "The amount or the currency is invalid", body = ApiError),
+        (status = 503, description = "The payments database could not be reached (`urn:payments:problem:database-unavailable`): retry with the same key after `Retry-After`"),
+    ),
+)]
 pub(crate) async fn create_payment(
     State(app): State<AppState>,
     user: AuthUser,
@@ -156,9 +182,24 @@ async fn charge(
         .map_err(|e| database_error(&e))
 }
 
-/// `POST /legacy/payments`: old app versions send no key; a double tap (the same request within
-/// 10 s) still charges once.
+/// Create a payment, for old app versions
+///
+/// As `POST /payments`, for old app versions that send no `Idempotency-Key`: a double tap (the
+/// same request within 10 s) still charges once.
 #[idempotent(scope = "user", policy = PAYMENTS, missing_key = "derive", derive_window = "10s")]
+#[utoipa::path(
+    post,
+    path = "/legacy/payments",
+    tag = "payments",
+    request_body = NewPayment,
+    responses(
+        (status = 201, description = "The payment, captured", body = Payment,
+            headers(("Location" = String, description = "`/payments/{id}`"))),
+        (status = 401, description = "No bearer token"),
+        (status = 422, description = "The amount or the currency is invalid", body = ApiError),
+        (status = 503, description = "The payments database could not be reached: retry after `Retry-After`"),
+    ),
+)]
 pub(crate) async fn create_legacy_payment(
     State(app): State<AppState>,
     user: AuthUser,
@@ -172,8 +213,37 @@ pub(crate) async fn create_legacy_payment(
 /// handlers itself; `IdempotencyLayer` takes the name from the policy).
 pub(crate) const REFUNDS: Policy = PAYMENTS.handler("refund_payment");
 
-/// `POST /payments/{id}/refund`, a plain handler: [`crate::router`] puts it under
-/// `IdempotencyLayer` with [`REFUNDS`], scoped to the [`AuthUser`].
+/// The refund's `Idempotency-Key` header in the API document. The refund runs under
+/// `IdempotencyLayer`, which has no attribute to document it, so its path names the header itself
+/// (and [`Idempotency`](idem_runtime::openapi::Idempotency) then adds the replay headers and
+/// problems, as for the attribute's handlers).
+pub(crate) struct RefundKey;
+
+impl utoipa::IntoParams for RefundKey {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![idem_runtime::openapi::key_parameter(&REFUNDS)]
+    }
+}
+
+/// Refund a payment
+///
+/// Refunds the charge and marks the payment refunded. A retry with the same key answers the same.
+/// A plain handler: [`crate::router`] puts it under `IdempotencyLayer` with [`REFUNDS`], scoped to
+/// the [`AuthUser`].
+#[utoipa::path(
+    post,
+    path = "/payments/{id}/refund",
+    tag = "payments",
+    params(("id" = String, Path, description = "The payment's id"), RefundKey),
+    responses(
+        (status = 200, description = "The payment, refunded", body = Payment),
+        (status = 401, description = "No bearer token"),
+        (status = 404, description = "No such payment of the caller's", body = ApiError),
+        (status = 503, description = "The payments database could not be reached: retry with the same key after `Retry-After`"),
+    ),
+)]
 pub(crate) async fn refund_payment(
     State(app): State<AppState>,
     user: AuthUser,
@@ -196,6 +266,16 @@ pub(crate) async fn refund_payment(
     }
 }
 
+/// List the caller's payments, oldest first
+#[utoipa::path(
+    get,
+    path = "/payments",
+    tag = "payments",
+    responses(
+        (status = 200, description = "The caller's payments", body = Vec<Payment>),
+        (status = 401, description = "No bearer token"),
+    ),
+)]
 pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) -> Response {
     match ledger.list(&user.id).await {
         Ok(payments) => Json(payments).into_response(),
@@ -203,6 +283,18 @@ pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) 
     }
 }
 
+/// A payment's current state
+#[utoipa::path(
+    get,
+    path = "/payments/{id}",
+    tag = "payments",
+    params(("id" = String, Path, description = "The payment's id")),
+    responses(
+        (status = 200, description = "The payment", body = Payment),
+        (status = 401, description = "No bearer token"),
+        (status = 404, description = "No such payment of the caller's", body = ApiError),
+    ),
+)]
 pub(crate) async fn get_payment(
     State(ledger): State<Ledger>,
     user: AuthUser,
@@ -215,7 +307,18 @@ pub(crate) async fn get_payment(
     }
 }
 
-/// `GET /charges`: what the card network did for the caller, one element per charge.
+/// What the card network did for the caller
+///
+/// One element per charge, oldest first; `attempts` counts the calls the network received for it.
+#[utoipa::path(
+    get,
+    path = "/charges",
+    tag = "card network",
+    responses(
+        (status = 200, description = "The caller's charges", body = Vec<Charge>),
+        (status = 401, description = "No bearer token"),
+    ),
+)]
 pub(crate) async fn list_charges(State(card): State<CardNetwork>, user: AuthUser) -> Response {
     match card.charges(&user.id).await {
         Ok(charges) => Json(charges).into_response(),
@@ -228,20 +331,17 @@ fn created(payment: Payment) -> Response {
     (StatusCode::CREATED, [(LOCATION, location)], Json(payment)).into_response()
 }
 
+fn api_error(status: StatusCode, message: &str) -> Response {
+    let error = message.to_owned();
+    (status, Json(ApiError { error })).into_response()
+}
+
 fn invalid(message: &str) -> Response {
-    (
-        StatusCode::UNPROCESSABLE_ENTITY,
-        Json(serde_json::json!({ "error": message })),
-    )
-        .into_response()
+    api_error(StatusCode::UNPROCESSABLE_ENTITY, message)
 }
 
 fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({ "error": "payment not found" })),
-    )
-        .into_response()
+    api_error(StatusCode::NOT_FOUND, "payment not found")
 }
 
 /// A database error. One a retry can fix (the database unreachable, restarting or out of
@@ -281,9 +381,5 @@ fn database_error(error: &sqlx::Error) -> Response {
         )
             .into_response();
     }
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Json(serde_json::json!({ "error": "internal error" })),
-    )
-        .into_response()
+    api_error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use std::time::Duration;
 
 /// One charge the network made, as `GET /charges` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Charge {
     /// The charge's id at the network (`ch_` and 32 hex digits).
     pub id: String,

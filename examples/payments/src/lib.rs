@@ -29,6 +29,9 @@
 //!   `{"id", "amount", "currency", "attempts", "refunded"}` (see [`card`]).
 //! - `GET /metrics`: the metrics in Prometheus's text format, idem's `idem_requests_total`,
 //!   `idem_store_duration_seconds` and `idem_wait_duration_seconds` among them (see [`metrics`]).
+//! - `GET /openapi.json`: the OpenAPI 3.1 document of this API ([`ApiDoc`]), no auth needed. Each
+//!   idempotent operation documents its `Idempotency-Key` header (required or not, ttl and
+//!   retention), `Idempotency-Replayed` and `Idempotency-Expires`, and idem's problem responses.
 //! - **Stopping.** SIGTERM or Ctrl-C: no new connections, the requests in progress answered, the
 //!   payments still running finished and stored, exit 0, within `SHUTDOWN_GRACE_MS`.
 //!
@@ -49,10 +52,14 @@ pub mod metrics;
 pub mod serve;
 pub mod store;
 
+use axum::body::Bytes;
 use axum::extract::FromRef;
-use axum::routing::{get, post};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use idem_runtime::axum::IdempotencyLayer;
+use idem_runtime::openapi::Idempotency;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::transaction::TransactionalStore;
@@ -61,6 +68,8 @@ use ledger::Ledger;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
 
 /// The default `DATABASE_URL`: `payments.db` in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://payments.db?mode=rwc";
@@ -312,7 +321,57 @@ pub fn router(state: AppState) -> Router {
         .route("/legacy/payments", post(api::create_legacy_payment))
         .route("/charges", get(api::list_charges))
         .route("/metrics", get(metrics::render))
+        .route("/openapi.json", openapi_json())
         .with_state(state)
+}
+
+/// The API's OpenAPI document, served at `GET /openapi.json`.
+///
+/// Each idempotent handler carries `#[utoipa::path]` below `#[idempotent]`, which adds the
+/// handler's `Idempotency-Key` header from its policy; the [`Idempotency`] modifier, once here,
+/// adds the replay headers and idem's problem responses to those operations.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "payments", description = "A small payments API protected by idem."),
+    paths(
+        api::create_payment,
+        api::list_payments,
+        api::get_payment,
+        api::refund_payment,
+        api::create_legacy_payment,
+        api::list_charges,
+    ),
+    security(("bearer" = [])),
+    modifiers(&Idempotency, &BearerAuth),
+)]
+pub struct ApiDoc;
+
+/// The demo's bearer scheme: the token is the user id.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        let bearer = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some("Demo auth: the token is the user id."));
+        let components = api.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(bearer.build()));
+    }
+}
+
+/// `GET /openapi.json`: [`ApiDoc`], serialised once, when the router is built.
+fn openapi_json() -> MethodRouter<AppState> {
+    let document = match ApiDoc::openapi().to_json() {
+        Ok(json) => Ok(Bytes::from(json)),
+        Err(e) => {
+            tracing::error!(error = %e, "the OpenAPI document could not be serialised");
+            Err(StatusCode::INTERNAL_SERVER_ERROR)
+        }
+    };
+    get(move || {
+        let document = document.clone();
+        async move { document.map(|json| ([(CONTENT_TYPE, "application/json")], json)) }
+    })
 }
 
 /// The service, bound to its port and ready to [`run`](Self::run).

@@ -301,3 +301,52 @@ where
 {
     super::run::run_transactional(&txn.0, policy, scope.into_owned(), request, handler).await
 }
+
+/// What `#[idempotent]` adds for a `#[utoipa::path(...)]` written below it: a hidden type per
+/// handler, `impl Documented` for it with the handler's policy (the handler's own policy constant
+/// is then that one), and `Idem<that type>` in the path's `params(...)`.
+pub mod openapi {
+    use super::Policy;
+    use std::marker::PhantomData;
+
+    /// A handler's policy, for its documentation.
+    pub trait Documented {
+        /// The handler's final policy.
+        const POLICY: Policy;
+    }
+
+    /// The `Idempotency-Key` parameter of the handler `T` documents: [`KeyParam`] with the
+    /// `utoipa` feature, an error at the `#[utoipa::path]` attribute without it.
+    pub type Idem<T> = <T as Enabled>::Param;
+
+    /// The `Idempotency-Key` parameter of the handler `T` documents.
+    #[derive(Debug)]
+    pub struct KeyParam<T>(PhantomData<T>);
+
+    #[cfg(feature = "utoipa")]
+    impl<T: Documented> utoipa::IntoParams for KeyParam<T> {
+        fn into_params(
+            _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+        ) -> Vec<utoipa::openapi::path::Parameter> {
+            vec![crate::openapi::key_parameter(&T::POLICY)]
+        }
+    }
+
+    /// Implemented for every type with the `utoipa` feature and for none without it, so that
+    /// `#[utoipa::path]` on an idempotent handler is an error at that attribute, not a document
+    /// that silently lacks idem's part.
+    #[diagnostic::on_unimplemented(
+        message = "`#[utoipa::path]` on an `#[idempotent]` handler needs idem-runtime's `utoipa` feature",
+        label = "idem documents this operation's `Idempotency-Key` header with the `utoipa` feature",
+        note = "enable it: `idem-runtime = {{ version = \"0.1\", features = [\"utoipa\"] }}`, and add `idem_runtime::openapi::Idempotency` to the API's modifiers"
+    )]
+    pub trait Enabled {
+        /// The parameter's type.
+        type Param;
+    }
+
+    #[cfg(feature = "utoipa")]
+    impl<T> Enabled for T {
+        type Param = KeyParam<T>;
+    }
+}

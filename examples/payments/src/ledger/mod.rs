@@ -16,7 +16,7 @@ pub mod postgres;
 pub mod sqlite;
 
 /// A payment as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Payment {
     /// `pay_` and 32 hex digits.
     pub id: String,
