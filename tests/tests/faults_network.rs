@@ -15,7 +15,7 @@ use http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
 use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Engine, RecordKey, Store};
+use idem_runtime::{Engine, RecordKey, RecordState, Store};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -222,6 +222,14 @@ impl Rig {
     }
 }
 
+async fn completed(store: &dyn Store, key: &RecordKey) -> bool {
+    let record = store.get(key, Timestamp::from_millis(http_support::START_MS));
+    match record.await.expect("read the record") {
+        Some(record) => matches!(record.state, RecordState::Completed { .. }),
+        None => false,
+    }
+}
+
 /// The claim's and the completion's connection cut before and after the server ran the command.
 async fn cut_connections(store: Arc<dyn Store>, proxy: &Proxy) {
     use Seen::*;
@@ -258,12 +266,18 @@ async fn cut_connections(store: Arc<dyn Store>, proxy: &Proxy) {
                     seen(&send(router, json_post("/gated-no-wait", &u, &["k1"], PAY_1000)).await)
                 });
                 rig.probe.wait_started(1).await;
-                let mut stored = store.subscribe(&RecordKey::new(user.as_str(), "k1"));
+                // Wait for the record as a duplicate does (subscribe, announce, read again), so
+                // that whichever attempt of the completion lands, its notification reaches us.
+                let key = RecordKey::new(user.as_str(), "k1");
+                let mut stored = store.subscribe(&key);
+                store.announce_waiter(&key).await.expect("announce");
                 proxy.arm(&user, cut);
                 rig.probe.open.send_replace(true);
                 let first = request.await.expect("join");
                 // The client has its answer; the handler's task keeps storing it until it lands.
-                stored.changed().await;
+                while !completed(&*store, &key).await {
+                    stored.changed().await;
+                }
                 first
             }
         };
