@@ -329,7 +329,12 @@ impl Engine {
             let claim = Claim::fresh(&key, fingerprint, now, policy);
             let found = match self.call("claim", store.claim(&claim)).await {
                 Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    self.record(Outcome::of_claim(taken_over), &key, policy);
+                    let outcome = if taken_over {
+                        Outcome::TakenOver
+                    } else {
+                        Outcome::Executed
+                    };
+                    self.record(outcome, &key, policy);
                     break Ok(Begin::Execute(ClaimGuard {
                         engine: self.clone(),
                         fingerprint,

@@ -35,97 +35,69 @@
 //!
 //! [`describe`] gives each metric its help text in the installed recorder.
 
+// Without the `metrics` feature, the labels and durations are only for the facade.
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// What happened to a request (or to its claim).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The handler ran for a fresh key.
-    Executed,
-    /// The handler ran after taking over a claim whose lease ran out.
-    TakenOver,
-    /// A stored response was replayed.
-    Replayed,
-    /// A duplicate waited for the original and then replayed (also counted as `Replayed`).
-    Waited,
-    /// The key was used for a different request (422).
-    Mismatch,
-    /// The original was still running at the end of the wait (409).
-    Conflict,
-    /// The key was past its ttl (410).
-    Expired,
-    /// The store failed or timed out; the handler did not run (503).
-    Unavailable,
-    /// The store had no free connection; the handler did not run (503).
-    Busy,
-    /// A claim was given up (a 5xx or a panic) so that a retry runs again.
-    Released,
-    /// A running claim's lease was renewed.
-    Renewed,
-    /// An attempt to store a response failed (it is retried until it lands).
-    CompletionFailed,
-    /// A request without a key ran unprotected (`missing_key = "pass"`).
-    MissingKeyPassed,
-    /// A request without a key was refused (400).
-    MissingKeyRejected,
-    /// A key was derived from the request (`missing_key = "derive"`).
-    KeyDerived,
-    /// The key was malformed (400).
-    MalformedKey,
+/// Declares [`Outcome`] with each variant's name, and [`Outcome::ALL`], from one list.
+macro_rules! outcomes {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// What happened to a request (or to its claim).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Outcome {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Outcome {
+            /// Every outcome, in [`Metrics::snapshot`]'s order.
+            pub const ALL: &'static [Outcome] = &[$(Outcome::$variant,)*];
+
+            /// The name used in logs, snapshots and the `outcome` label.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Outcome::$variant => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl Outcome {
-    pub(crate) fn of_claim(taken_over: bool) -> Self {
-        if taken_over {
-            Outcome::TakenOver
-        } else {
-            Outcome::Executed
-        }
-    }
-
-    /// Every outcome, in [`Metrics::snapshot`]'s order.
-    pub const ALL: [Outcome; 16] = [
-        Outcome::Executed,
-        Outcome::TakenOver,
-        Outcome::Replayed,
-        Outcome::Waited,
-        Outcome::Mismatch,
-        Outcome::Conflict,
-        Outcome::Expired,
-        Outcome::Unavailable,
-        Outcome::Busy,
-        Outcome::Released,
-        Outcome::Renewed,
-        Outcome::CompletionFailed,
-        Outcome::MissingKeyPassed,
-        Outcome::MissingKeyRejected,
-        Outcome::KeyDerived,
-        Outcome::MalformedKey,
-    ];
-
-    /// The name used in logs, snapshots and the `outcome` label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Executed => "executed",
-            Outcome::TakenOver => "taken_over",
-            Outcome::Replayed => "replayed",
-            Outcome::Waited => "waited",
-            Outcome::Mismatch => "mismatch",
-            Outcome::Conflict => "conflict",
-            Outcome::Expired => "expired",
-            Outcome::Unavailable => "unavailable",
-            Outcome::Busy => "busy",
-            Outcome::Released => "released",
-            Outcome::Renewed => "renewed",
-            Outcome::CompletionFailed => "completion_failed",
-            Outcome::MissingKeyPassed => "missing_key_passed",
-            Outcome::MissingKeyRejected => "missing_key_rejected",
-            Outcome::KeyDerived => "key_derived",
-            Outcome::MalformedKey => "malformed_key",
-        }
-    }
+outcomes! {
+    /// The handler ran for a fresh key.
+    Executed => "executed",
+    /// The handler ran after taking over a claim whose lease ran out.
+    TakenOver => "taken_over",
+    /// A stored response was replayed.
+    Replayed => "replayed",
+    /// A duplicate waited for the original and then replayed (also counted as `Replayed`).
+    Waited => "waited",
+    /// The key was used for a different request (422).
+    Mismatch => "mismatch",
+    /// The original was still running at the end of the wait (409).
+    Conflict => "conflict",
+    /// The key was past its ttl (410).
+    Expired => "expired",
+    /// The store failed or timed out; the handler did not run (503).
+    Unavailable => "unavailable",
+    /// The store had no free connection; the handler did not run (503).
+    Busy => "busy",
+    /// A claim was given up (a 5xx or a panic) so that a retry runs again.
+    Released => "released",
+    /// A running claim's lease was renewed.
+    Renewed => "renewed",
+    /// An attempt to store a response failed (it is retried until it lands).
+    CompletionFailed => "completion_failed",
+    /// A request without a key ran unprotected (`missing_key = "pass"`).
+    MissingKeyPassed => "missing_key_passed",
+    /// A request without a key was refused (400).
+    MissingKeyRejected => "missing_key_rejected",
+    /// A key was derived from the request (`missing_key = "derive"`).
+    KeyDerived => "key_derived",
+    /// The key was malformed (400).
+    MalformedKey => "malformed_key",
 }
 
 /// The decision counters of one engine.
@@ -141,8 +113,6 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         ::metrics::counter!("idem_requests_total", "handler" => handler, "outcome" => outcome.as_str())
             .increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = handler;
     }
 
     /// Records how long one call to a store of kind `store` took.
@@ -150,8 +120,6 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         ::metrics::histogram!("idem_store_duration_seconds", "store" => store, "op" => op)
             .record(took.as_secs_f64());
-        #[cfg(not(feature = "metrics"))]
-        let _ = (store, op, took);
     }
 
     /// Records how long a duplicate waited for the original in flight.
@@ -159,8 +127,6 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         ::metrics::histogram!("idem_wait_duration_seconds", "handler" => handler)
             .record(took.as_secs_f64());
-        #[cfg(not(feature = "metrics"))]
-        let _ = (handler, took);
     }
 
     /// How many times `outcome` was counted.
@@ -170,10 +136,8 @@ impl Metrics {
 
     /// Every counter by name, in [`Outcome::ALL`]'s order.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        Outcome::ALL
-            .iter()
-            .map(|o| (o.as_str(), self.get(*o)))
-            .collect()
+        let count = |o: &Outcome| (o.as_str(), self.get(*o));
+        Outcome::ALL.iter().map(count).collect()
     }
 }
 
@@ -182,19 +146,11 @@ impl Metrics {
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe() {
-    use ::metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!(
-        "idem_requests_total",
-        "Idempotency decisions, by handler and outcome."
-    );
-    describe_histogram!(
-        "idem_store_duration_seconds",
-        Unit::Seconds,
-        "Duration of idempotency store calls, by store kind and operation."
-    );
-    describe_histogram!(
-        "idem_wait_duration_seconds",
-        Unit::Seconds,
-        "Time a duplicate request waited for the identical request in flight, by handler."
-    );
+    use ::metrics::{describe_counter, describe_histogram, Unit::Seconds};
+    let help = "Idempotency decisions, by handler and outcome.";
+    describe_counter!("idem_requests_total", help);
+    let help = "Duration of idempotency store calls, by store kind and operation.";
+    describe_histogram!("idem_store_duration_seconds", Seconds, help);
+    let help = "Time a duplicate waited for the identical request in flight, by handler.";
+    describe_histogram!("idem_wait_duration_seconds", Seconds, help);
 }
