@@ -31,6 +31,7 @@
 //! default) rather than as a parameter of its own, so that the handler's type, which the compiler
 //! shows when a router refuses it, lists the user's parameters only.
 
+pub use super::request::{KeyHeader, RequestContext};
 pub use crate::engine::Engine;
 pub use crate::policy::{MissingKey, Policy, PolicyError, ReplayMode, ServerErrors};
 pub use ::axum::response::Response;
@@ -61,35 +62,6 @@ where
     async fn from_request_parts(_parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         Ok(Self(Engine::from_ref(state)))
     }
-}
-
-/// What the engine needs from the request, taken while extracting the last parameter: the
-/// request's fingerprint and its `Idempotency-Key` header. Small on purpose: it is moved through
-/// every layer of the request's future.
-#[derive(Debug, Clone)]
-pub struct RequestContext {
-    /// Method, path and query as the client sent them, content type and body.
-    pub fingerprint: crate::Fingerprint,
-    /// The `Idempotency-Key` header.
-    pub key: KeyHeader,
-    /// GET, HEAD, OPTIONS or TRACE: safe by definition, passed through untouched.
-    pub safe_method: bool,
-    /// The handler's [`Attempt`](super::Attempt) extractor, if it has one, to fill in on claiming.
-    pub attempt: Option<super::Attempt>,
-}
-
-/// The request's `Idempotency-Key` header, read while extracting.
-///
-/// The key is parsed there, into the owned copy the record key needs anyway, so that nothing refers
-/// to the request head (whose header values share the connection's read buffer) after extraction.
-#[derive(Debug, Clone)]
-pub enum KeyHeader {
-    /// None.
-    Missing,
-    /// Exactly one, well-formed.
-    Valid(crate::IdempotencyKey),
-    /// Malformed, or sent more than once: the request is refused.
-    Invalid(crate::KeyError),
 }
 
 /// Wraps the handler's last parameter: extracts the engine `E` from the router state, buffers the

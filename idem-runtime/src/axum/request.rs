@@ -5,7 +5,6 @@
 //! the limit, an unreadable body, or a rejection by the handler's own extractor ends the request
 //! without touching the store, so the client's key stays unused.
 
-use super::private::{KeyHeader, RequestContext};
 use super::problem::{Problem, ProblemType};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
@@ -17,6 +16,35 @@ use ::axum::http::{HeaderMap, HeaderName, HeaderValue};
 use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+/// What the engine needs from the request, taken while extracting the last parameter: the
+/// request's fingerprint and its `Idempotency-Key` header. Small on purpose: it is moved through
+/// every layer of the request's future.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// Method, path and query as the client sent them, content type and body.
+    pub fingerprint: crate::Fingerprint,
+    /// The `Idempotency-Key` header.
+    pub key: KeyHeader,
+    /// GET, HEAD, OPTIONS or TRACE: safe by definition, passed through untouched.
+    pub safe_method: bool,
+    /// The handler's [`Attempt`](super::Attempt) extractor, if it has one, to fill in on claiming.
+    pub attempt: Option<super::Attempt>,
+}
+
+/// The request's `Idempotency-Key` header, read while extracting.
+///
+/// The key is parsed there, into the owned copy the record key needs anyway, so that nothing refers
+/// to the request head (whose header values share the connection's read buffer) after extraction.
+#[derive(Debug, Clone)]
+pub enum KeyHeader {
+    /// None.
+    Missing,
+    /// Exactly one, well-formed.
+    Valid(crate::IdempotencyKey),
+    /// Malformed, or sent more than once: the request is refused.
+    Invalid(crate::KeyError),
+}
 
 /// The body, whole, or a 413 / 400 problem. A body already limited further out (by a middleware)
 /// answers 413 over either limit.

@@ -18,8 +18,8 @@
 //! committed with the stored response; a 5xx or a panic rolls it back, and a failed commit answers
 //! 503 instead of the handler's response.
 
-use super::private::{KeyHeader, RequestContext};
 use super::problem::{Problem, ProblemType};
+use super::request::{KeyHeader, RequestContext};
 use super::respond;
 use super::Attempt;
 use crate::clock::Timestamp;
