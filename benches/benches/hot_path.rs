@@ -209,8 +209,7 @@ fn waiters(c: &mut Criterion) {
     group.finish();
 }
 
-/// A stretch of arithmetic that touches no shared memory (22–40 ns per iteration of two threads,
-/// as measured on the bench machine).
+/// A short stretch of arithmetic that touches no shared memory.
 fn work() {
     let mut x = black_box(1u64);
     for i in 0..WORK {

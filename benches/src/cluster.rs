@@ -12,7 +12,7 @@
 use crate::floors::{self, fingerprint};
 use crate::load::{Bounds, Ops, Sample, Sliced};
 use crate::report::{dur, median, rate, Config};
-use crate::setup;
+use crate::stores;
 use idem_runtime::store::redis::RedisClusterStore;
 use idem_runtime::store::Purge;
 use idem_runtime::{Engine, FencingToken};
@@ -24,7 +24,7 @@ use std::time::Duration;
 const WORKERS: usize = 64;
 /// Completed keys the replay cells read, round robin.
 const REPLAY_KEYS: u64 = 1_000;
-/// Slices per round (see `throughput::interleaved`).
+/// Slices per round (see `load::interleaved`).
 const SLICES: u32 = 10;
 
 /// Fences a completion as idem's `settle.lua` does: stores the response only if the key still
@@ -175,7 +175,7 @@ pub(crate) async fn run(cfg: &Config) {
         .get_async_connection()
         .await
         .expect("the floor's cluster connection");
-    let (single, single_conn) = match setup::redis(None).await {
+    let (single, single_conn) = match stores::redis(None).await {
         Ok(redis) => redis,
         Err(e) => {
             println!("## Redis Cluster\n\nskipped: {e}\n");

@@ -5,7 +5,7 @@
 //! in-flight record (the token compared under the map's lock, in the SQL `WHERE`, or by a Redis
 //! script, since Redis 7.0 has no conditional `SET` on a value).
 
-use crate::setup::Handle;
+use crate::stores::Handle;
 use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use bytes::Bytes;
 use idem_runtime::policy::Policy;
@@ -230,31 +230,6 @@ pub(crate) fn memory_complete(map: &MemoryMap, key: &str, token: i64, body: Byte
     }
 }
 
-/// Fills the memory floor with `count` completed records (keys `held-<i>`), as
-/// `throughput::hold` fills the memory store for the "records held" cells.
-pub(crate) fn memory_hold(map: &MemoryMap, count: u64) {
-    let (fingerprint, body) = (fingerprint().0, response().body);
-    let mut map = map.lock().expect("floor map");
-    map.reserve(count as usize);
-    for i in 0..count {
-        let record = FloorRecord {
-            fingerprint,
-            token: FencingToken::generate().0,
-            // A copy each, as each of the store's held records has its own.
-            response: Some(Bytes::copy_from_slice(&body)),
-        };
-        map.insert(format!("held-{i}"), record);
-    }
-}
-
-/// The memory floor's replay: the body stored under `key`, if its request completed.
-pub(crate) fn memory_stored(map: &MemoryMap, key: &str) -> Option<Bytes> {
-    map.lock()
-        .expect("floor map")
-        .get(key)
-        .and_then(|r| r.response.clone())
-}
-
 impl Floor {
     pub(crate) fn for_handle(handle: &Handle) -> Self {
         match handle {
@@ -356,29 +331,6 @@ impl Floor {
                 done.is_ok_and(|r| r.is_some())
             }
         }
-    }
-
-    /// Redis only: [`new_request`](Self::new_request) with the completion an unconditional
-    /// `SET … XX`, which would overwrite a record another claim took over. Beside the fenced floor,
-    /// it shows what a conditional write costs on a Redis without `SET … IFEQ` (8.4).
-    pub(crate) async fn new_request_unfenced(&self, key: &str) -> bool {
-        let Floor::Redis(conn) = self else {
-            return false;
-        };
-        let mut conn = conn.clone();
-        let fp = fingerprint().0;
-        let k = redis_key(key);
-        if !redis_claim(&mut conn, &k, &redis_in_flight(&fp, 1)).await {
-            return false;
-        }
-        redis::cmd("SET")
-            .arg(&k)
-            .arg(redis_value(&fp, &response().body))
-            .arg("XX")
-            .arg("KEEPTTL")
-            .query_async::<Option<String>>(&mut conn)
-            .await
-            .is_ok_and(|r| r.is_some())
     }
 
     /// PostgreSQL and Redis: a replay through the claim idem sends, issued directly. On PostgreSQL,

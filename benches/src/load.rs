@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
+use hyper::header::{HeaderValue, COOKIE};
 use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -42,17 +43,6 @@ impl Sample {
         self.quantile(0.5)
     }
 
-    pub(crate) fn p99(&self) -> Duration {
-        self.quantile(0.99)
-    }
-
-    pub(crate) fn mean(&self) -> Duration {
-        if self.latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos(self.latencies.iter().sum::<u64>() / self.latencies.len() as u64)
-    }
-
     /// Adds one worker's counts; the latencies stay unsorted until [`Sample::sorted`].
     fn add(&mut self, ok: u64, errors: u64, latencies: Vec<u64>) {
         self.ok += ok;
@@ -73,8 +63,8 @@ pub(crate) struct Bounds {
     pub(crate) requests: u64,
 }
 
-/// Store operations from `workers` concurrent tasks, in one or more runs that add to one sample:
-/// `profile-store` makes one run; the throughput section interleaves several (see [`Sliced`]).
+/// Store operations from `workers` concurrent tasks, in one or more runs that add to one sample
+/// (the sections interleave several loads: see [`Sliced`] and [`interleaved`]);
 /// `n` counts on from one run to the next, so an operation on a fresh key never sees a key twice.
 pub(crate) struct Ops<F> {
     workers: usize,
@@ -139,7 +129,7 @@ where
 }
 
 /// A load that runs in slices, each adding to one sample: HTTP [`Connections`] or store [`Ops`],
-/// behind one type so the throughput section can interleave the paths it compares. Boxed per slice,
+/// behind one type so a section can interleave the paths it compares. Boxed per slice,
 /// never per request: each request still runs its own path's code, unboxed.
 pub(crate) trait Sliced: Send {
     /// Runs the load once more, within `bounds`.
@@ -190,24 +180,9 @@ impl Keys {
     }
 }
 
-/// HTTP load: `connections` keep-alive HTTP/1.1 connections (one per worker, hyper's client
-/// connection, no pool), each sending `POST path` with [`BODY`] back to back. The connections are
-/// opened before the clock starts.
-pub(crate) async fn http(
-    addr: SocketAddr,
-    path: &'static str,
-    keys: Keys,
-    connections: usize,
-    bounds: Bounds,
-) -> Sample {
-    let mut load = Connections::open(addr, path, keys, connections).await;
-    load.run(bounds).await;
-    load.sample()
-}
-
 /// HTTP load whose connections stay open from one run to the next, each run adding to one sample:
-/// what lets the throughput section interleave the paths it compares in short slices (see
-/// `throughput::interleaved`), so that the machine's slow moments fall on every path alike. Keys
+/// what lets a section interleave the paths it compares in short slices (see
+/// [`interleaved`]), so that the machine's slow moments fall on every path alike. Keys
 /// continue from one run to the next: a fresh key is never sent twice.
 pub(crate) struct Connections {
     addr: SocketAddr,
@@ -219,6 +194,8 @@ pub(crate) struct Connections {
     /// What the runs so far measured, their time added up; a connection that failed to open counts
     /// as one error.
     tally: Sample,
+    /// A `Cookie` header per connection (round robin), for servers that keep state per session.
+    cookies: Arc<Vec<HeaderValue>>,
 }
 
 impl Connections {
@@ -247,7 +224,14 @@ impl Connections {
                 errors,
                 ..Sample::default()
             },
+            cookies: Arc::default(),
         }
+    }
+
+    /// Sends connection `i`'s requests with `cookies[i % len]` as their `Cookie` header.
+    pub(crate) fn with_cookies(mut self, cookies: Arc<Vec<HeaderValue>>) -> Self {
+        self.cookies = cookies;
+        self
     }
 
     /// Sends requests on every connection, back to back, until `bounds.time` has passed or
@@ -256,8 +240,10 @@ impl Connections {
         let start = Instant::now();
         let deadline = start + bounds.time;
         let mut tasks = Vec::with_capacity(self.senders.len());
-        for sender in self.senders.drain(..) {
+        for (i, sender) in self.senders.drain(..).enumerate() {
             let (addr, path, keys) = (self.addr, self.path, self.keys.clone());
+            let cookie =
+                (!self.cookies.is_empty()).then(|| self.cookies[i % self.cookies.len()].clone());
             let issued = self.issued.clone();
             tasks.push(tokio::spawn(async move {
                 let (mut ok, mut errors, mut lat) = (0u64, 0u64, Vec::with_capacity(4096));
@@ -269,7 +255,10 @@ impl Connections {
                     if n >= bounds.requests || Instant::now() >= deadline {
                         break;
                     }
-                    let request = post(path, &keys.key(n));
+                    let mut request = post(path, &keys.key(n));
+                    if let Some(cookie) = &cookie {
+                        request.headers_mut().insert(COOKIE, cookie.clone());
+                    }
                     let t = Instant::now();
                     match send(&mut sender, request).await {
                         Some(status) if status.is_success() => {
@@ -300,6 +289,29 @@ impl Connections {
     /// Everything the runs so far measured, as one sample (their time added up).
     pub(crate) fn sample(self) -> Sample {
         self.tally.sorted()
+    }
+}
+
+/// How many slices [`interleaved`] cuts each path's cell into: at the default 1 s per cell, 100 ms
+/// each, long enough for thousands of requests at one connection.
+const SLICES: u32 = 10;
+
+/// Runs every load for `bounds.time` in all, in [`SLICES`] turns: each turn runs each load for a
+/// slice of that time, one after the other, starting one load further on at each turn. A cell is
+/// then the sum of its slices, spread over the whole round, instead of one stretch of it: a slow
+/// second of the shared machine (another tenant, a stolen core) lands on every path in the
+/// comparison, not on the one cell that happened to run then. The connections stay open between
+/// slices (opened before the first), so no slice pays for a handshake.
+pub(crate) async fn interleaved<K>(loads: &mut [(K, Box<dyn Sliced>)], bounds: Bounds) {
+    let slice = Bounds {
+        time: bounds.time / SLICES,
+        requests: bounds.requests,
+    };
+    for turn in 0..SLICES as usize {
+        for i in 0..loads.len() {
+            let (_, load) = &mut loads[(i + turn) % loads.len()];
+            load.run_slice(slice).await;
+        }
     }
 }
 
@@ -381,5 +393,55 @@ mod tests {
         assert_eq!(sample.ok, seen.len() as u64 - failed);
         assert_eq!(sample.latencies.len() as u64, sample.ok);
         assert!(sample.latencies.windows(2).all(|w| w[0] <= w[1]), "sorted");
+    }
+
+    /// A load that only logs which slices it was given.
+    struct Logged {
+        id: usize,
+        log: Arc<std::sync::Mutex<Vec<(usize, Duration)>>>,
+    }
+
+    impl Sliced for Logged {
+        fn run_slice(
+            &mut self,
+            bounds: Bounds,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+            let log = self.log.clone();
+            let id = self.id;
+            Box::pin(async move { log.lock().expect("not poisoned").push((id, bounds.time)) })
+        }
+
+        fn into_sample(self: Box<Self>) -> Sample {
+            Sample::default()
+        }
+    }
+
+    /// What makes the sliced ratios fair: every load gets [`SLICES`] slices of an equal share of
+    /// the cell's time, and the order rotates, so no load always runs first or last in a turn.
+    #[tokio::test]
+    async fn interleaving_gives_every_load_equal_slices_in_rotating_order() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut loads: Vec<(usize, Box<dyn Sliced>)> = (0..3)
+            .map(|id| {
+                let load: Box<dyn Sliced> = Box::new(Logged {
+                    id,
+                    log: log.clone(),
+                });
+                (id, load)
+            })
+            .collect();
+        let bounds = Bounds {
+            time: Duration::from_secs(1),
+            requests: 10,
+        };
+        interleaved(&mut loads, bounds).await;
+        let log = log.lock().expect("not poisoned").clone();
+        assert_eq!(log.len(), 3 * SLICES as usize);
+        assert!(log.iter().all(|&(_, t)| t == bounds.time / SLICES));
+        for (turn, slices) in log.chunks(3).enumerate() {
+            let order: Vec<usize> = slices.iter().map(|&(id, _)| id).collect();
+            let expected: Vec<usize> = (0..3).map(|i| (i + turn) % 3).collect();
+            assert_eq!(order, expected, "turn {turn}");
+        }
     }
 }

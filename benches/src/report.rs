@@ -1,6 +1,5 @@
-//! Formatting, configuration and the list of targets checked.
+//! Configuration, the report's opening (the machine, how to run) and number formatting.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// Bench settings, from the environment.
@@ -8,15 +7,11 @@ use std::time::Duration;
 pub(crate) struct Config {
     /// Seconds per throughput cell (`IDEM_BENCH_SECS`, default 1).
     pub(crate) secs: f64,
-    /// Interleaved rounds per cell; medians are reported (`IDEM_BENCH_ROUNDS`, default 3).
+    /// Interleaved rounds per cell; medians are reported (`IDEM_BENCH_ROUNDS`, default 5).
     pub(crate) rounds: usize,
-    /// Records for the large scale point (`IDEM_BENCH_SCALE`, default 1,000,000).
-    pub(crate) scale: u64,
-    /// Keys sent to the payments example for its peak RSS (`IDEM_BENCH_RSS_KEYS`, default 1,000,000).
-    pub(crate) rss_keys: u64,
 }
 
-pub(crate) fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.trim().replace('_', "").parse().ok())
@@ -27,9 +22,7 @@ impl Config {
     pub(crate) fn from_env() -> Self {
         Self {
             secs: env("IDEM_BENCH_SECS", 1.0),
-            rounds: env("IDEM_BENCH_ROUNDS", 3usize).max(1),
-            scale: env("IDEM_BENCH_SCALE", 1_000_000u64),
-            rss_keys: env("IDEM_BENCH_RSS_KEYS", 1_000_000u64),
+            rounds: env("IDEM_BENCH_ROUNDS", 5usize).max(1),
         }
     }
 
@@ -64,12 +57,6 @@ pub(crate) fn pct(r: f64) -> String {
     format!("{:.0}%", r * 100.0)
 }
 
-/// One decimal, rounded down, for the targets' lines: `pct` prints 89.6% as "90%" beside a "no",
-/// and rounding to nearest would print 89.96% as "90.0%".
-pub(crate) fn pct1(r: f64) -> String {
-    format!("{:.1}%", (r * 1000.0).floor() / 10.0)
-}
-
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -78,24 +65,69 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-static TARGETS: Mutex<Vec<(String, String, bool)>> = Mutex::new(Vec::new());
+/// The report's title, how to run it, and the machine it ran on.
+pub(crate) fn intro(cfg: &Config, services: &str) -> String {
+    format!(
+        "# Benchmarks
 
-/// Records a target's outcome for the summary.
-pub(crate) fn target(name: impl Into<String>, measured: impl Into<String>, met: bool) {
-    TARGETS
-        .lock()
-        .expect("targets")
-        .push((name.into(), measured.into(), met));
+What idempotency costs with idem: over HTTP beside the same handler without it and beside the
+peer crate axum-idempotent, at the store level against each store's own floor, and in store
+operations per request. Every table below comes from one run of
+
+```sh
+cargo run --release -p idem-bench -- all > BENCHMARKS.md
+```
+
+with PostgreSQL at `postgres://postgres@127.0.0.1:5432` (the bench creates its own database
+`idem_bench`) and Redis at `redis://127.0.0.1:6379/7` (flushed); override them with
+`IDEM_BENCH_POSTGRES_URL` and `IDEM_BENCH_REDIS_URL`. The Redis Cluster section needs a cluster
+(`.ci/redis-cluster start`, or `IDEM_BENCH_REDIS_CLUSTER_URL`) and is skipped without one.
+`IDEM_BENCH_SECS` sets the seconds per throughput cell and `IDEM_BENCH_ROUNDS` the interleaved
+rounds; `IDEM_BENCH_STORES=memory,redis` limits the stores. One section runs alone with `-- http`,
+`-- store`, `-- roundtrips` or `-- cluster`. `cargo bench -p idem-bench --bench hot_path` runs the
+criterion micro-benchmarks of the in-process path.
+
+## The machine
+
+{machine}; {services}. This run: {secs} s per cell, {rounds} rounds. The load generator, the
+servers and the stores share the same CPUs, so absolute figures move with the machine and the day:
+compare the ratios, which are taken between cells measured in the same round, interleaved in
+slices so that a slow moment of the machine falls on every cell alike.
+",
+        machine = machine(),
+        secs = cfg.secs,
+        rounds = cfg.rounds,
+    )
 }
 
-pub(crate) fn print_targets() {
-    println!("\n## Targets\n");
-    println!("| target | measured | met |");
-    println!("|---|---|---|");
-    for (name, measured, met) in TARGETS.lock().expect("targets").iter() {
-        println!(
-            "| {name} | {measured} | {} |",
-            if *met { "yes" } else { "**no**" }
+/// The machine, from `/proc`.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or_else(
+            || "?".into(),
+            |kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0),
         );
-    }
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "{cores} CPUs, {mem} memory, {cpu}, load average {} at the start",
+        load.join(" ")
+    )
 }

@@ -1,0 +1,455 @@
+//! The HTTP section: one do-nothing handler served plain, under idem (`#[idempotent]`, per store),
+//! and under the peer axum-idempotent (its in-memory session store and its Redis one), loaded at
+//! [`CONNECTIONS`] connections with new keys and with replays, in interleaved rounds; then the
+//! concurrent-duplicates count of each server.
+
+use crate::load::{self, interleaved, Bounds, Connections, Keys, Sample};
+use crate::report::{dur, median, pct, rate, Config};
+use crate::stores::{self, Backend, Handle};
+use axum::http::header::{HeaderValue, COOKIE, LOCATION, SET_COOKIE};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_idempotent::{IdempotentLayer, IdempotentOptions};
+use http_body_util::BodyExt;
+use idem_runtime::{idempotent, Engine};
+use ruts::store::SessionStore;
+use ruts::{CookieOptions, Session, SessionLayer};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Connections of every throughput cell.
+pub(crate) const CONNECTIONS: usize = 16;
+/// Completed keys each replay cell cycles through.
+const REPLAY_KEYS: usize = 256;
+/// The concurrent-duplicates count: this many keys, each sent by this many requests at once.
+const DUP_KEYS: u64 = 50;
+const DUP_COPIES: usize = 16;
+
+/// The request every handler takes.
+#[derive(Debug, Deserialize)]
+pub(crate) struct NewPayment {
+    amount: i64,
+    currency: String,
+}
+
+/// Handler executions, over every server in this process (the sections count one server at a time).
+static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
+/// How long each execution takes, in ms: 0 for the throughput cells (a do-nothing handler), some
+/// for the duplicates count, so that identical requests overlap as they would on a real handler.
+static WORK_MS: AtomicU64 = AtomicU64::new(0);
+/// The handler's time in the duplicates count.
+const DUP_WORK_MS: u64 = 20;
+
+/// The handler's work: nothing, unless [`WORK_MS`] says otherwise.
+async fn work() {
+    let ms = WORK_MS.load(Ordering::Relaxed);
+    if ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
+/// What every handler does: a 201 with a JSON body and a `Location`, like the payments example
+/// minus its ledger, so that the difference between the servers is the idempotency layer alone.
+fn created(req: NewPayment) -> Response {
+    let id = EXECUTIONS.fetch_add(1, Ordering::Relaxed) + 1;
+    (
+        StatusCode::CREATED,
+        [(LOCATION, format!("/payments/{id}"))],
+        Json(serde_json::json!({
+            "id": id, "amount": req.amount, "currency": req.currency, "status": "captured"
+        })),
+    )
+        .into_response()
+}
+
+async fn plain(Json(req): Json<NewPayment>) -> Response {
+    work().await;
+    created(req)
+}
+
+#[idempotent(scope = "global", ttl = "24h")]
+async fn annotated(Json(req): Json<NewPayment>) -> Response {
+    work().await;
+    created(req)
+}
+
+/// Establishes a session: axum-idempotent caches responses only for requests that carry one.
+/// A store's error is the 500's body, for the report to say why the peer was not run.
+async fn login<S: SessionStore>(session: Session<S>) -> Response {
+    let set = match ruts::store::Ttl::new(86_400) {
+        Ok(ttl) => session
+            .set("user", &1u32, ttl, None)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match set {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+    }
+}
+
+/// `/plain` and `/idem`: the handler without and with `#[idempotent]` on `engine`.
+fn idem_router(engine: Engine) -> Router {
+    Router::new()
+        .route("/plain", post(plain))
+        .route("/idem", post(annotated))
+        .with_state(engine)
+}
+
+/// `/peer`: the handler under axum-idempotent keyed by the `Idempotency-Key` header (required),
+/// responses cached for 24 h in the session kept in `store`; `/login` opens a session. Layers in the
+/// order its documentation gives: cookies, sessions, then idempotency.
+fn peer_router<S: SessionStore + 'static>(store: Arc<S>) -> Router {
+    let options = IdempotentOptions::default()
+        .use_idempotency_key_header(Some("idempotency-key"), true)
+        .expire_after(86_400);
+    Router::new()
+        .route("/peer", post(plain))
+        .layer(IdempotentLayer::<S>::new(options))
+        .merge(Router::new().route("/login", post(login::<S>)))
+        .layer(
+            SessionLayer::new(store)
+                .with_cookie_options(CookieOptions::build().name("session").max_age(86_400)),
+        )
+        .layer(tower_cookies::CookieManagerLayer::new())
+}
+
+/// Serves `router` on an ephemeral 127.0.0.1 port for as long as the process runs.
+async fn serve(router: Router) -> Result<SocketAddr, String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("bind: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(addr)
+}
+
+/// One server under test.
+struct Server {
+    name: String,
+    addr: SocketAddr,
+    route: &'static str,
+    /// The peer's sessions: one per connection, all with the replay keys completed.
+    cookies: Arc<Vec<HeaderValue>>,
+}
+
+/// A row that could not be measured, and why.
+struct Skipped {
+    name: String,
+    why: String,
+}
+
+pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
+    let mut servers = Vec::new();
+    let mut skipped = Vec::new();
+    let plain_engine = Engine::new(idem_runtime::store::memory::MemoryStore::new());
+    match serve(idem_router(plain_engine)).await {
+        Ok(addr) => servers.push(Server {
+            name: "plain axum".into(),
+            addr,
+            route: "/plain",
+            cookies: Arc::default(),
+        }),
+        Err(e) => {
+            println!("## HTTP\n\nskipped: {e}\n");
+            return;
+        }
+    }
+    for (backend, handle) in handles {
+        let name = format!("idem, {}", backend.name());
+        let addr = match serve(idem_router(Engine::from_arc(handle.store()))).await {
+            Ok(addr) => addr,
+            Err(why) => {
+                skipped.push(Skipped { name, why });
+                continue;
+            }
+        };
+        match seed(addr, "/idem", None).await {
+            Ok(()) => servers.push(Server {
+                name,
+                addr,
+                route: "/idem",
+                cookies: Arc::default(),
+            }),
+            Err(why) => skipped.push(Skipped { name, why }),
+        }
+    }
+    let moka = Arc::new(ruts::store::moka::MokaStore::builder().build());
+    let peers = [
+        (
+            "axum-idempotent, in-memory (moka)",
+            serve(peer_router(moka)).await,
+        ),
+        ("axum-idempotent, Redis", peer_on_redis().await),
+    ];
+    for (name, addr) in peers {
+        let name = name.to_owned();
+        let ready = match addr {
+            Ok(addr) => peer_sessions(addr).await.map(|cookies| (addr, cookies)),
+            Err(e) => Err(e),
+        };
+        match ready {
+            Ok((addr, cookies)) => servers.push(Server {
+                name,
+                addr,
+                route: "/peer",
+                cookies,
+            }),
+            Err(why) => skipped.push(Skipped { name, why }),
+        }
+    }
+
+    // Interleaved rounds: every server's new-key and replay cells in slices of each round.
+    let bounds = Bounds {
+        time: cfg.cell(),
+        requests: u64::MAX,
+    };
+    let replay_keys = Arc::new(replay_keys());
+    let mut new: Vec<Vec<Sample>> = (0..servers.len()).map(|_| Vec::new()).collect();
+    let mut replay = new.clone();
+    for round in 0..cfg.rounds {
+        eprintln!("http: round {} of {}", round + 1, cfg.rounds);
+        let mut loads: Vec<((usize, bool), Box<dyn load::Sliced>)> = Vec::new();
+        for (i, s) in servers.iter().enumerate() {
+            let fresh = Keys::Fresh(format!("new-{round}").into());
+            let open = |keys| async {
+                Connections::open(s.addr, s.route, keys, CONNECTIONS)
+                    .await
+                    .with_cookies(s.cookies.clone())
+            };
+            loads.push(((i, false), Box::new(open(fresh).await)));
+            if s.route != "/plain" {
+                let keys = Keys::Replay(replay_keys.clone());
+                loads.push(((i, true), Box::new(open(keys).await)));
+            }
+        }
+        interleaved(&mut loads, bounds).await;
+        for ((i, is_replay), l) in loads {
+            let cells = if is_replay { &mut replay } else { &mut new };
+            cells[i].push(l.into_sample());
+        }
+    }
+
+    eprintln!("http: concurrent duplicates");
+    let mut executions = Vec::new();
+    for s in &servers {
+        executions.push(duplicates(s).await);
+    }
+
+    println!("## HTTP: the same handler plain, under idem, and under axum-idempotent\n");
+    println!(
+        "Requests per second (median of {} interleaved rounds of {} s per cell; p50 latency in \
+         brackets) at {CONNECTIONS} keep-alive connections, each request a JSON `POST` with an \
+         `Idempotency-Key`: new keys run the handler, replays send one of {REPLAY_KEYS} completed \
+         keys. \"Duplicates\" counts handler executions when each of {DUP_KEYS} new keys is sent by \
+         {DUP_COPIES} identical requests at once, the handler taking {DUP_WORK_MS} ms there (at \
+         most once per key is {DUP_KEYS}; the peer's requests share one session, as one client's \
+         retries would).\n",
+        cfg.rounds, cfg.secs
+    );
+    println!("| server | new keys, req/s | vs plain | replays, req/s | vs plain | duplicates: executions | errors |");
+    println!("|---|---|---|---|---|---|---|");
+    let cell = |samples: &[Sample]| {
+        (
+            median(samples.iter().map(Sample::throughput).collect()),
+            median(samples.iter().map(|s| s.p50().as_secs_f64()).collect()),
+            samples.iter().map(|s| s.errors).sum::<u64>(),
+        )
+    };
+    let (plain_rps, _, _) = cell(&new[0]);
+    let show = |(rps, p50, _): (f64, f64, u64)| {
+        format!(
+            "{} ({}) | {}",
+            rate(rps),
+            dur(std::time::Duration::from_secs_f64(p50)),
+            pct(rps / plain_rps.max(1e-9))
+        )
+    };
+    for (i, s) in servers.iter().enumerate() {
+        let n = cell(&new[i]);
+        let (replays, r_errors) = if replay[i].is_empty() {
+            ("— | —".to_owned(), 0)
+        } else {
+            let r = cell(&replay[i]);
+            (show(r), r.2)
+        };
+        let dup = match &executions[i] {
+            Ok(n) => n.to_string(),
+            Err(e) => format!("not measured: {e}"),
+        };
+        println!(
+            "| {} | {} | {replays} | {dup} | {} |",
+            s.name,
+            show(n),
+            n.2 + r_errors
+        );
+    }
+    for s in skipped {
+        println!("| {} | not run: {} | | | | | |", s.name, s.why);
+    }
+    println!();
+}
+
+fn replay_keys() -> Vec<String> {
+    (0..REPLAY_KEYS).map(|i| format!("replay-{i}")).collect()
+}
+
+/// Completes the replay keys at `addr`'s `route`, in the session of `cookie` if given.
+async fn seed(addr: SocketAddr, route: &str, cookie: Option<&HeaderValue>) -> Result<(), String> {
+    let mut sender = load::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    for key in replay_keys() {
+        let mut request = load::post(route, &key);
+        if let Some(cookie) = cookie {
+            request.headers_mut().insert(COOKIE, cookie.clone());
+        }
+        match load::send(&mut sender, request).await {
+            Some(status) if status.is_success() => {}
+            other => return Err(format!("seeding {route} answered {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// A session per connection on the peer at `addr`, each with the replay keys completed (the peer
+/// caches per session). Fails if the peer cannot open a session or does not replay.
+async fn peer_sessions(addr: SocketAddr) -> Result<Arc<Vec<HeaderValue>>, String> {
+    let mut cookies = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let cookie = open_session(addr).await?;
+        seed(addr, "/peer", Some(&cookie)).await?;
+        cookies.push(cookie);
+    }
+    // Check that it replays: a repeated key must not run the handler again.
+    let before = EXECUTIONS.load(Ordering::Relaxed);
+    seed(addr, "/peer", Some(&cookies[0])).await?;
+    if EXECUTIONS.load(Ordering::Relaxed) != before {
+        return Err("it ran the handler again for completed keys (nothing cached)".into());
+    }
+    Ok(Arc::new(cookies))
+}
+
+/// `POST /login`, returning the session cookie as a `Cookie` header's value.
+async fn open_session(addr: SocketAddr) -> Result<HeaderValue, String> {
+    let mut sender = load::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let request = load::post("/login", "login");
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+            .unwrap_or_default();
+        return Err(session_error(status, &body));
+    }
+    let cookie = response
+        .headers()
+        .get(SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .ok_or("no session cookie")?;
+    HeaderValue::from_str(cookie).map_err(|e| e.to_string())
+}
+
+/// Why the peer could not open a session, in a line.
+fn session_error(status: StatusCode, body: &str) -> String {
+    if body.contains("Unknown Redis command") {
+        // ruts' Redis store sets each cached response's expiry with `HEXPIRE`, added in Redis 7.4.
+        return "its session store (ruts' Redis store) needs Redis 7.4 or newer (`HEXPIRE`); \
+                this Redis refused the command"
+            .into();
+    }
+    format!("opening a session answered {status}: {}", body.trim())
+}
+
+/// axum-idempotent with ruts' Redis session store, on the bench's Redis database.
+async fn peer_on_redis() -> Result<SocketAddr, String> {
+    use fred::prelude::{Builder, ClientLike, Config as FredConfig};
+    let url = stores::redis_url();
+    let config = FredConfig::from_url(&url).map_err(|e| e.to_string())?;
+    let pool = Builder::from_config(config)
+        .build_pool(4)
+        .map_err(|e| e.to_string())?;
+    pool.init()
+        .await
+        .map_err(|e| format!("Redis unreachable at {url}: {e}"))?;
+    let store = ruts::store::redis::RedisStore::new(Arc::new(pool))
+        .await
+        .map_err(|e| e.to_string())?;
+    serve(peer_router(Arc::new(store))).await
+}
+
+/// Handler executions at `s` when each of [`DUP_KEYS`] new keys is sent by [`DUP_COPIES`]
+/// identical requests at once, each on its own connection (the same session for the peer: one
+/// client retrying).
+async fn duplicates(s: &Server) -> Result<u64, String> {
+    let mut senders = Vec::with_capacity(DUP_COPIES);
+    for _ in 0..DUP_COPIES {
+        senders.push(
+            load::connect(s.addr)
+                .await
+                .map_err(|e| format!("connect: {e}"))?,
+        );
+    }
+    let cookie = s.cookies.first().cloned();
+    WORK_MS.store(DUP_WORK_MS, Ordering::Relaxed);
+    let before = EXECUTIONS.load(Ordering::Relaxed);
+    for k in 0..DUP_KEYS {
+        let key = format!("dup-{k}");
+        let barrier = Arc::new(tokio::sync::Barrier::new(DUP_COPIES));
+        let tasks: Vec<_> = senders
+            .drain(..)
+            .map(|mut sender| {
+                let (barrier, key, cookie, route, addr) = (
+                    barrier.clone(),
+                    key.clone(),
+                    cookie.clone(),
+                    s.route,
+                    s.addr,
+                );
+                tokio::spawn(async move {
+                    let mut request = load::post(route, &key);
+                    if let Some(cookie) = cookie {
+                        request.headers_mut().insert(COOKIE, cookie);
+                    }
+                    barrier.wait().await;
+                    if load::send(&mut sender, request).await.is_none() {
+                        // The connection failed: the next key gets a new one.
+                        if let Ok(new) = load::connect(addr).await {
+                            sender = new;
+                        }
+                    }
+                    sender
+                })
+            })
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(sender) => senders.push(sender),
+                Err(e) => {
+                    WORK_MS.store(0, Ordering::Relaxed);
+                    return Err(e.to_string());
+                }
+            }
+        }
+    }
+    let executions = EXECUTIONS.load(Ordering::Relaxed) - before;
+    WORK_MS.store(0, Ordering::Relaxed);
+    Ok(executions)
+}
