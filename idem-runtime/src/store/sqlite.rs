@@ -22,9 +22,10 @@
 //!   it, never the check it relies on. A returned row means this claim won (`takeovers > 0` tells a
 //!   takeover from a fresh record); no row means the record stays as it is, and it is then read by
 //!   primary key. If it vanished in between (released), the claim is tried again, a bounded number
-//!   of times. There is no select-then-insert anywhere, and writes run in `BEGIN IMMEDIATE`
-//!   transactions, which take the write lock up front, so they never hit the read-to-write upgrade
-//!   that makes deferred transactions fail with `SQLITE_BUSY` regardless of the busy timeout.
+//!   of times. There is no select-then-insert anywhere, and writes run alone in autocommit mode or
+//!   in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they never
+//!   hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
+//!   regardless of the busy timeout.
 //! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
 //!   'in_flight'`; no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
 //! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
@@ -37,8 +38,8 @@
 //! writer task with a connection of its own (besides the pool's), which takes everything queued
 //! and runs it in one transaction: each write's statement in order, then one `COMMIT`, and only
 //! then is each caller answered. A write that finds no record to apply to (fenced, or a claim that
-//! lost) is just that write's answer. Under load a write waits for the batch before it, at most one
-//! transaction's worth; alone it runs at once. Durability is unchanged: a caller told `Ok` has its
+//! lost) is just that write's answer. Under load a write waits for the batch before it, at most
+//! one transaction's worth; alone it runs at once, as one statement in autocommit mode. Durability is unchanged: a caller told `Ok` has its
 //! write committed, and a batch that did not commit (a crash, an I/O error) answered nobody `Ok`.
 //! A caller that stops waiting (a timeout) is simply not answered; its write is skipped if its
 //! batch has not started, and otherwise commits or not with the batch.
@@ -264,6 +265,13 @@ async fn run_batch(
     conn: &mut SqliteConnection,
     batch: &mut Vec<Write>,
 ) -> Result<(), Arc<sqlx::Error>> {
+    if batch.len() == 1 {
+        // Alone, a write is its own transaction: autocommit spares the BEGIN and COMMIT.
+        if let Some(Write { query, reply }) = batch.pop().filter(|w| !w.reply.is_closed()) {
+            let _ = reply.send(query.fetch_optional(&mut *conn).await.map_err(Into::into));
+        }
+        return Ok(());
+    }
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     let mut writes = std::mem::take(batch).into_iter();
     let mut done = Vec::new();
