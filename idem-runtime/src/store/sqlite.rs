@@ -22,22 +22,35 @@
 //!   it, never the check it relies on. A returned row means this claim won (`takeovers > 0` tells a
 //!   takeover from a fresh record); no row means the record stays as it is, and it is then read by
 //!   primary key. If it vanished in between (released), the claim is tried again, a bounded number
-//!   of times. There is no select-then-insert anywhere, and a single statement in autocommit mode
-//!   asks for the write lock up front, so it never hits the read-to-write upgrade that makes deferred
-//!   transactions fail with `SQLITE_BUSY` regardless of the busy timeout.
-//! - **Complete / release**: one `UPDATE` / `DELETE` guarded by `token = ? AND state = 'in_flight'`;
-//!   no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
+//!   of times. There is no select-then-insert anywhere, and writes run alone in autocommit mode or
+//!   in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they never
+//!   hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
+//!   regardless of the busy timeout.
+//! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
+//!   'in_flight'`; no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
 //! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
 //!   an index on `retain_until`, so the sweeper never holds the write lock for long.
 //!
 //! # Concurrency
 //!
-//! SQLite has one writer at a time. Within a process, every store handle on the same database file
-//! shares one write gate (a fair async mutex), so idem's own writes queue in order instead of
-//! contending for the file lock and sleeping in SQLite's busy handler. Writes from elsewhere (the
-//! application's own statements, another process) are waited out with `busy_timeout` (5 s by
-//! default, see [`SqliteStore::options`]). Reads never take the gate: under WAL they do not block
-//! on the writer.
+//! SQLite has one writer at a time, and each commit costs far more than the statement it commits.
+//! So a store's writes (claims that need the upsert, completions, releases, renewals) go to one
+//! writer task with a connection of its own (besides the pool's), which takes everything queued
+//! and runs it in one transaction: each write's statement in order, then one `COMMIT`, and only
+//! then is each caller answered. A write that finds no record to apply to (fenced, or a claim that
+//! lost) is just that write's answer. Under load a write waits for the batch before it, at most
+//! one transaction's worth; alone it runs at once, as one statement in autocommit mode. Durability is unchanged: a caller told `Ok` has its
+//! write committed, and a batch that did not commit (a crash, an I/O error) answered nobody `Ok`.
+//! A caller that stops waiting (a timeout) is simply not answered; its write is skipped if its
+//! batch has not started, and otherwise commits or not with the batch.
+//!
+//! Within a process, every store handle on the same database file shares one write gate (a fair
+//! async mutex), taken by the writer for each batch and by [transactional
+//! mode](crate::transaction) for each of the application's transactions, so idem's writes queue in
+//! order instead of contending for the file lock and sleeping in SQLite's busy handler. Writes from
+//! elsewhere (the application's own statements, another process) are waited out with
+//! `busy_timeout` (5 s by default, see [`SqliteStore::options`]). Reads (replays, lookups) run on
+//! the pool and never wait for the writer: under WAL they do not block on it.
 //!
 //! # Wake-ups
 //!
@@ -76,16 +89,18 @@ use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::transaction::{OpenTx, TransactionalStore, Tx, TxHandle};
 use sqlx::migrate::Migrator;
+use sqlx::query::Query;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::Row;
+use sqlx::{ConnectOptions, Connection, Row};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
 
 /// How long a statement waits for another connection's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,16 +155,19 @@ const COMPLETE: &str = r#"
 UPDATE idem_records
 SET state = 'completed', lease_until = NULL, status = ?4, headers = ?5, body = ?6
 WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
+RETURNING 1
 "#;
 
 const RENEW: &str = r#"
 UPDATE idem_records SET lease_until = ?4
 WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
+RETURNING 1
 "#;
 
 const RELEASE: &str = r#"
 DELETE FROM idem_records
 WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
+RETURNING 1
 "#;
 
 /// At most `?2` records past retention at `?1`, oldest first, found through the `retain_until` index.
@@ -160,8 +178,9 @@ WHERE rowid IN (
 )
 "#;
 
-/// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`; every method is
-/// one statement on the pool (a claim that loses reads the winner's record with a second).
+/// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads are one
+/// statement on the pool; writes are one statement each in the store's [batched
+/// transactions](self#concurrency).
 ///
 /// ```
 /// use idem_runtime::store::sqlite::SqliteStore;
@@ -181,6 +200,109 @@ WHERE rowid IN (
 pub struct SqliteStore {
     pool: SqlitePool,
     shared: Arc<Shared>,
+    /// The queue of the store's writer task, which ends when the store is dropped.
+    writes: mpsc::UnboundedSender<Write>,
+}
+
+/// At most this many writes share one transaction, so that a batch holds the lock only briefly.
+const MAX_BATCH: usize = 128;
+
+type Written = Result<Option<SqliteRow>, StoreError>;
+
+/// One guarded write for the writer: a statement whose returned row (if any) says it applied, and
+/// where to send that once its transaction committed.
+struct Write {
+    query: Query<'static, sqlx::Sqlite, SqliteArguments<'static>>,
+    reply: oneshot::Sender<Written>,
+}
+
+/// The writer task: on a connection of its own, takes every write queued (up to [`MAX_BATCH`]),
+/// runs them in one `BEGIN IMMEDIATE … COMMIT` under the write gate, and answers each caller after
+/// the commit. Ends when the store (the queue's sender) is gone.
+async fn write_batches(
+    options: Arc<SqliteConnectOptions>,
+    gate: Arc<tokio::sync::Mutex<()>>,
+    mut queue: mpsc::UnboundedReceiver<Write>,
+) {
+    let mut conn: Option<SqliteConnection> = None;
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        if batch.is_empty() && queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
+        let _gate = gate.lock().await;
+        // Whatever was queued while waiting for the gate joins this batch.
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(write) => batch.push(write),
+                Err(_) => break,
+            }
+        }
+        let result = match &mut conn {
+            Some(conn) => run_batch(conn, &mut batch).await,
+            None => match options.connect().await {
+                Ok(new) => run_batch(conn.insert(new), &mut batch).await,
+                Err(error) => Err(Arc::new(error)),
+            },
+        };
+        if let Err(error) = result {
+            // Nothing was committed: the writes left hear so too. A fresh connection for the next
+            // batch, in case this one is left inside a transaction that SQLite rolled back itself.
+            for Write { reply, .. } in batch.drain(..) {
+                let _ = reply.send(Err(StoreError::unavailable(error.clone())));
+            }
+            conn = None;
+        }
+    }
+}
+
+/// Runs the writes of `batch` in order in one transaction and, once it committed, answers them,
+/// leaving `batch` with the writes still to run. A write whose caller has gone is skipped. A write
+/// whose statement fails gets its error and ends the transaction early (SQLite may have rolled it
+/// back on its own): the writes before it commit, those after it wait for the next transaction.
+/// An error means the transaction did not commit (its writes were told so).
+async fn run_batch(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Write>,
+) -> Result<(), Arc<sqlx::Error>> {
+    if batch.len() == 1 {
+        // Alone, a write is its own transaction: autocommit spares the BEGIN and COMMIT.
+        if let Some(Write { query, reply }) = batch.pop().filter(|w| !w.reply.is_closed()) {
+            let _ = reply.send(query.fetch_optional(&mut *conn).await.map_err(Into::into));
+        }
+        return Ok(());
+    }
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let mut writes = std::mem::take(batch).into_iter();
+    let mut done = Vec::new();
+    for Write { query, reply } in writes.by_ref() {
+        if reply.is_closed() {
+            continue;
+        }
+        match query.fetch_optional(&mut *tx).await {
+            Ok(row) => done.push((reply, Ok(row))),
+            Err(error) => {
+                done.push((reply, Err(StoreError::from(error))));
+                break;
+            }
+        }
+    }
+    batch.extend(writes);
+    match tx.commit().await {
+        Ok(()) => {
+            for (reply, written) in done {
+                let _ = reply.send(written);
+            }
+            Ok(())
+        }
+        Err(error) => {
+            let error = Arc::new(error);
+            for (reply, _) in done {
+                let _ = reply.send(Err(StoreError::unavailable(error.clone())));
+            }
+            Err(error)
+        }
+    }
 }
 
 /// What every handle on one database file in this process shares.
@@ -219,10 +341,11 @@ impl SqliteStore {
     ///   appends to the log instead of rewriting pages.
     /// - `synchronous = NORMAL`: in WAL mode a commit is then not flushed to disk on its own; the
     ///   log is flushed at each checkpoint. The database cannot be corrupted, and an application
-    ///   crash loses nothing; only a power loss or OS crash may lose the last commits. A claim plus
-    ///   completion costs two commits, and `FULL` makes each wait for an fsync (several times
-    ///   slower). If a lost record after a power cut is worse than that cost for you (the handler's
-    ///   effect lives outside this file and must never run twice), set
+    ///   crash loses nothing; only a power loss or OS crash may lose the last commits (each commit
+    ///   holds a batch of concurrent writes, see [Concurrency](self#concurrency)). `FULL` makes each
+    ///   commit wait for an fsync (several times slower; batching shares one fsync among the
+    ///   writes of a batch). If a lost record after a power cut is worse than that cost for you
+    ///   (the handler's effect lives outside this file and must never run twice), set
     ///   `.synchronous(SqliteSynchronous::Full)`.
     /// - `busy_timeout = 5 s`: a statement that finds another connection writing waits for it
     ///   instead of failing with "database is locked".
@@ -269,7 +392,8 @@ impl SqliteStore {
     /// idem's share one file), after applying idem's migrations to it.
     ///
     /// The pool is used as configured: build it from [`options`](Self::options) to get WAL and a
-    /// busy timeout.
+    /// busy timeout. idem's writes go through one more connection, which its writer task opens
+    /// with the pool's connect options (see [Concurrency](self#concurrency)).
     ///
     /// Migrating in the constructor means a store that exists has its schema; the migrator only
     /// reads `_sqlx_migrations` when there is nothing to do, and its statements are idempotent.
@@ -278,9 +402,14 @@ impl SqliteStore {
             .run(&pool)
             .await
             .map_err(StoreError::unavailable)?;
+        let shared = shared_for(&pool);
+        let (writes, queue) = mpsc::unbounded_channel();
+        let gate = shared.write_gate.clone();
+        tokio::spawn(write_batches(pool.connect_options(), gate, queue));
         Ok(Self {
-            shared: shared_for(&pool),
+            shared,
             pool,
+            writes,
         })
     }
 
@@ -306,6 +435,30 @@ impl SqliteStore {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(decode).transpose()
+    }
+
+    /// Runs `query` in the writer's next transaction; its returned row, once that committed.
+    async fn write(
+        &self,
+        query: Query<'static, sqlx::Sqlite, SqliteArguments<'static>>,
+    ) -> Result<Option<SqliteRow>, StoreError> {
+        let stopped = || StoreError::unavailable("the SQLite store's writer has stopped");
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(Write { query, reply })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// A guarded write (`token = ? AND state = 'in_flight'`): fenced if it applied to no record.
+    async fn write_guarded(
+        &self,
+        query: Query<'static, sqlx::Sqlite, SqliteArguments<'static>>,
+    ) -> Result<(), StoreError> {
+        match self.write(query).await? {
+            Some(_) => Ok(()),
+            None => Err(StoreError::fenced()),
+        }
     }
 }
 
@@ -378,20 +531,19 @@ impl Store for SqliteStore {
             }
         }
         for _ in 0..CLAIM_ATTEMPTS {
-            let won = {
-                let _gate = self.shared.write_gate.lock().await;
-                sqlx::query(CLAIM)
-                    .bind(claim.key.scope())
-                    .bind(claim.key.key())
-                    .bind(&claim.fingerprint.0[..])
-                    .bind(claim.token.0)
-                    .bind(claim.now.as_millis())
-                    .bind(claim.expires_at.as_millis())
-                    .bind(claim.retain_until.as_millis())
-                    .bind(claim.lease_until.as_millis())
-                    .fetch_optional(&self.pool)
-                    .await?
-            };
+            let won = self
+                .write(
+                    sqlx::query(CLAIM)
+                        .bind(claim.key.scope().to_owned())
+                        .bind(claim.key.key().to_owned())
+                        .bind(claim.fingerprint.0.to_vec())
+                        .bind(claim.token.0)
+                        .bind(claim.now.as_millis())
+                        .bind(claim.expires_at.as_millis())
+                        .bind(claim.retain_until.as_millis())
+                        .bind(claim.lease_until.as_millis()),
+                )
+                .await?;
             if let Some(row) = won {
                 let takeovers: i64 = row.try_get("takeovers").map_err(StoreError::corrupt)?;
                 return Ok(ClaimOutcome::Claimed {
@@ -419,38 +571,28 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let done = {
-            let _gate = self.shared.write_gate.lock().await;
+        self.write_guarded(
             sqlx::query(COMPLETE)
-                .bind(key.scope())
-                .bind(key.key())
+                .bind(key.scope().to_owned())
+                .bind(key.key().to_owned())
                 .bind(token.0)
                 .bind(i64::from(response.status))
                 .bind(response.encode_headers())
-                .bind(&response.body[..])
-                .execute(&self.pool)
-                .await?
-        };
-        if done.rows_affected() == 0 {
-            return Err(StoreError::fenced());
-        }
+                .bind(response.body.to_vec()),
+        )
+        .await?;
         self.shared.waiters.notify(key);
         Ok(())
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let done = {
-            let _gate = self.shared.write_gate.lock().await;
+        self.write_guarded(
             sqlx::query(RELEASE)
-                .bind(key.scope())
-                .bind(key.key())
-                .bind(token.0)
-                .execute(&self.pool)
-                .await?
-        };
-        if done.rows_affected() == 0 {
-            return Err(StoreError::fenced());
-        }
+                .bind(key.scope().to_owned())
+                .bind(key.key().to_owned())
+                .bind(token.0),
+        )
+        .await?;
         self.shared.waiters.notify(key);
         Ok(())
     }
@@ -461,18 +603,14 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
-        let _gate = self.shared.write_gate.lock().await;
-        let done = sqlx::query(RENEW)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(token.0)
-            .bind(lease_until.as_millis())
-            .execute(&self.pool)
-            .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::fenced());
-        }
-        Ok(())
+        self.write_guarded(
+            sqlx::query(RENEW)
+                .bind(key.scope().to_owned())
+                .bind(key.key().to_owned())
+                .bind(token.0)
+                .bind(lease_until.as_millis()),
+        )
+        .await
     }
 
     async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
@@ -529,12 +667,12 @@ impl TransactionalStore for SqliteStore {
             .bind(i64::from(response.status))
             .bind(response.encode_headers())
             .bind(&response.body[..])
-            .execute(&mut **tx)
+            .fetch_optional(&mut **tx)
             .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::fenced());
+        match done {
+            Some(_) => Ok(()),
+            None => Err(StoreError::fenced()),
         }
-        Ok(())
     }
 
     fn committed(&self, key: &RecordKey) {
@@ -559,6 +697,7 @@ impl Purge for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     const NOW: Timestamp = Timestamp::from_millis(1_000_000);
@@ -755,6 +894,133 @@ mod tests {
         for task in tasks {
             let outcome = task.await.expect("join").expect("claim waited, not failed");
             assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        }
+    }
+
+    type Pending<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+    /// Polls each write once, which queues it for the writer (still waiting for the gate).
+    fn queue(writes: &mut [Pending<'_>]) {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for write in writes {
+            assert!(
+                write.as_mut().poll(&mut cx).is_pending(),
+                "answered before its commit"
+            );
+        }
+    }
+
+    async fn claimed(store: &SqliteStore, keys: &[RecordKey]) -> Vec<FencingToken> {
+        let mut tokens = Vec::new();
+        for key in keys {
+            let c = claim(key, 1);
+            store.claim(&c).await.expect("claim");
+            tokens.push(c.token);
+        }
+        tokens
+    }
+
+    fn response() -> StoredResponse {
+        StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: bytes::Bytes::from_static(b"done"),
+        }
+    }
+
+    async fn is_completed(store: &SqliteStore, key: &RecordKey) -> bool {
+        let record = store.get(key, NOW).await.expect("get").expect("record");
+        matches!(record.state, RecordState::Completed { .. })
+    }
+
+    /// Writes queued while the writer waits share one transaction: 16 completions commit together
+    /// (the log grows by a page or two, not by a commit each), a fenced one among them is only its
+    /// own answer, a caller that stopped waiting has its write skipped, and reads go on meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_writes_share_one_transaction() {
+        let (_dir, _url, store) = temp_store().await;
+        let keys: Vec<RecordKey> = (0..17)
+            .map(|i| RecordKey::new("batch", format!("k{i}")))
+            .collect();
+        let tokens = claimed(&store, &keys).await;
+        // An empty log, so that its size afterwards counts this batch's pages alone.
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(store.pool())
+            .await
+            .expect("checkpoint");
+        let response = response();
+        let gate = store.shared.write_gate.lock().await;
+        let mut writes: Vec<Pending<'_>> = (0..16)
+            .map(|i| store.complete(&keys[i], tokens[i], &response))
+            .collect();
+        writes.push(store.complete(&keys[0], FencingToken::generate(), &response));
+        let mut gone = vec![store.release(&keys[16], tokens[16])];
+        queue(&mut writes);
+        queue(&mut gone);
+        drop(gone);
+        assert!(!is_completed(&store, &keys[1]).await, "read while queued");
+        drop(gate);
+
+        let fenced = writes
+            .pop()
+            .expect("fenced write")
+            .await
+            .expect_err("fenced");
+        assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
+        for write in writes {
+            write.await.expect("completed");
+        }
+        for key in &keys[..16] {
+            assert!(is_completed(&store, key).await, "{key}");
+        }
+        let skipped = store.get(&keys[16], NOW).await.expect("get");
+        assert!(
+            skipped.is_some(),
+            "the dropped caller's release was skipped"
+        );
+        let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(store.pool())
+            .await
+            .expect("checkpoint");
+        assert!((1..16).contains(&frames), "{frames} pages logged");
+    }
+
+    /// A write whose statement fails gets its error; the writes before it commit in its
+    /// transaction, those after it in the next one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_write_fails_alone() {
+        let (_dir, _url, store) = temp_store().await;
+        let keys: Vec<RecordKey> = (0..9)
+            .map(|i| RecordKey::new("batch", format!("k{i}")))
+            .collect();
+        let tokens = claimed(&store, &keys).await;
+        sqlx::query(
+            "CREATE TRIGGER poison BEFORE UPDATE ON idem_records WHEN NEW.key = 'k4'
+             BEGIN SELECT RAISE(ABORT, 'poisoned'); END",
+        )
+        .execute(store.pool())
+        .await
+        .expect("trigger");
+        let response = response();
+        let gate = store.shared.write_gate.lock().await;
+        let mut writes: Vec<Pending<'_>> = keys
+            .iter()
+            .zip(&tokens)
+            .map(|(key, token)| store.complete(key, *token, &response))
+            .collect();
+        queue(&mut writes);
+        drop(gate);
+        for (i, write) in writes.into_iter().enumerate() {
+            match write.await {
+                Ok(()) => assert_ne!(i, 4),
+                Err(e) => {
+                    assert_eq!(i, 4, "{e}");
+                    assert_eq!(e.kind(), super::super::StoreErrorKind::Unavailable);
+                }
+            }
+        }
+        for (i, key) in keys.iter().enumerate() {
+            assert_eq!(is_completed(&store, key).await, i != 4, "{key}");
         }
     }
 
