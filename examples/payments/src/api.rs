@@ -74,7 +74,7 @@ const PAYMENTS: Policy = Policy::new()
             headers(("Location" = String, description = "`/payments/{id}`"))),
         (status = 401, description = "No bearer token"),
         (status = 422, description = "The amount or the currency is invalid", body = ApiError),
-        (status = 503, description = "The payments database could not be reached (`urn:payments:problem:database-unavailable`): retry with the same key after `Retry-After`"),
+        (status = 503, description = "The payments database could not be reached (`urn:payments:problem:database-unavailable`), or its pool had no free connection (`urn:payments:problem:database-busy`): retry with the same key after `Retry-After`"),
     ),
 )]
 pub(crate) async fn create_payment(
@@ -364,11 +364,24 @@ fn database_error(error: &sqlx::Error) -> Response {
     };
     tracing::error!(%error, transient, "database error");
     if transient {
+        // A pool with every connection in use is busy, not down: the database answers, later.
+        let (kind, title, detail) = match error {
+            sqlx::Error::PoolTimedOut => (
+                "database-busy",
+                "Database busy",
+                "Every connection to the payments database is in use.",
+            ),
+            _ => (
+                "database-unavailable",
+                "Database unavailable",
+                "The payments database could not be reached.",
+            ),
+        };
         let problem = serde_json::json!({
-            "type": "urn:payments:problem:database-unavailable",
-            "title": "Database unavailable",
+            "type": format!("urn:payments:problem:{kind}"),
+            "title": title,
             "status": 503,
-            "detail": "The payments database could not be reached. Retry with the same Idempotency-Key after Retry-After seconds.",
+            "detail": format!("{detail} Retry with the same Idempotency-Key after Retry-After seconds."),
         });
         let headers = [
             (CONTENT_TYPE, "application/problem+json"),
