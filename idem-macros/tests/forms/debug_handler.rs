@@ -1,7 +1,7 @@
 // axum's `#[debug_handler]`, written below `#[idempotent]`, checks the rewritten handler against
 // the state (what the router's "not a `Handler`" note suggests).
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use axum::extract::State;
@@ -15,6 +15,7 @@ async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<NewPayme
     format!("{} {} {}", app.name, user.id, req.amount)
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(create);
 }

@@ -1,11 +1,11 @@
 // Doc comments, other attributes and the visibility survive; a raw identifier as handler name;
 // a handler in a module used from outside it; an associated function (without `self`).
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 mod handlers {
-    use crate::support::AuthUser;
+    use super::support::AuthUser;
     use idem_runtime::idempotent;
 
     /// Creates a payment.
@@ -32,7 +32,8 @@ mod handlers {
     }
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(handlers::r#match);
     let _ = support::route(handlers::typed);
     let _ = support::route(handlers::Payments::refund);

@@ -1,6 +1,6 @@
 // `scope = "global"`: no caller parameter needed.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use idem_runtime::idempotent;
@@ -10,6 +10,7 @@ async fn receive_webhook(body: String) -> String {
     format!("received {} bytes", body.len())
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(receive_webhook);
 }

@@ -1,7 +1,7 @@
 // A policy stated once as a `const` (here in a module, named by path), shared by handlers, with
 // attribute options overriding it.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use axum::extract::Path;
@@ -32,12 +32,13 @@ async fn refund_payment(user: AuthUser, Path(id): Path<u64>) -> String {
     format!("{} refunds {id}", user.id)
 }
 
-#[idempotent(scope = "user", policy = crate::policies::PAYMENTS, missing_key = "pass", reject_after = "2027-03-01")]
+#[idempotent(scope = "user", policy = self::policies::PAYMENTS, missing_key = "pass", reject_after = "2027-03-01")]
 async fn legacy(user: AuthUser) -> String {
     user.id
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(create_payment);
     let _ = support::route(refund_payment);
     let _ = support::route(legacy);

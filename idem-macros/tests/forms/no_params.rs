@@ -1,6 +1,6 @@
 // A handler without parameters, and one without a return type.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use idem_runtime::idempotent;
@@ -13,7 +13,8 @@ async fn ping() -> &'static str {
 #[idempotent(scope = "global")]
 async fn fire_and_forget() {}
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(ping);
     let _ = support::route(fire_and_forget);
 }

@@ -1,12 +1,14 @@
 // Every option at once.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use axum::Json;
 use idem_runtime::idempotent;
 use support::{AuthUser, NewPayment};
 
+// Kept as written: the trailing comma after the last option is part of the form.
+#[rustfmt::skip]
 #[idempotent(
     scope = "user",
     ttl = "12h",
@@ -24,12 +26,19 @@ async fn create(user: AuthUser, Json(req): Json<NewPayment>) -> Json<NewPayment>
     Json(req)
 }
 
-#[idempotent(scope = "user", missing_key = "pass", reject_after = "2028-02-29", wait = "250ms", max_body = "2MiB")]
+#[idempotent(
+    scope = "user",
+    missing_key = "pass",
+    reject_after = "2028-02-29",
+    wait = "250ms",
+    max_body = "2MiB"
+)]
 async fn migrate(user: AuthUser, body: axum::body::Bytes) -> String {
     format!("{} {}", user.id, body.len())
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(create);
     let _ = support::route(migrate);
 }

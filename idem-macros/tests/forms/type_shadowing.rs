@@ -2,7 +2,7 @@
 // common names do not change its meaning.
 #![deny(warnings)]
 #![allow(non_camel_case_types, dead_code)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use ::idem_runtime::idempotent;
@@ -35,9 +35,14 @@ async fn create(user: AuthUser, body: std::string::String) -> std::string::Strin
     let __idem_request = 2;
     let __idem_ret = 3;
     let __idem_engine = 4;
-    format!("{} {body} {}", user.id, __idem_scope + __idem_request + __idem_ret + __idem_engine)
+    format!(
+        "{} {body} {}",
+        user.id,
+        __idem_scope + __idem_request + __idem_ret + __idem_engine
+    )
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(create);
 }

@@ -1,7 +1,7 @@
 // The typical handler: router state, the caller as scope, a JSON body; the body uses (and moves)
 // the scope parameter. No warnings from the expansion.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use axum::extract::State;
@@ -24,6 +24,7 @@ async fn create_payment(
     )
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(create_payment);
 }

@@ -1,7 +1,7 @@
 // The transaction as the last parameter (the body is then read by the unit extractor), on
 // SQLite, with a global scope, `impl IntoResponse` and a helper taking `&mut Tx`.
 #![deny(warnings)]
-#[path = "../tx_support.rs"]
+#[path = "../ui/tx_support.rs"]
 mod tx_support;
 
 use axum::extract::Path;
@@ -25,6 +25,7 @@ async fn refund_payment(Path(id): Path<String>, mut tx: Tx<Sqlite>) -> impl Into
     }
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = tx_support::route_tx(refund_payment);
 }

@@ -1,7 +1,7 @@
 // `?` in the body converts errors into the handler's declared error type, and an early `return`
 // returns from the handler, as without the attribute.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use axum::http::StatusCode;
@@ -25,7 +25,10 @@ impl IntoResponse for AppError {
 }
 
 #[idempotent(scope = "user")]
-async fn create_payment(user: AuthUser, Json(req): Json<NewPayment>) -> Result<Json<u64>, AppError> {
+async fn create_payment(
+    user: AuthUser,
+    Json(req): Json<NewPayment>,
+) -> Result<Json<u64>, AppError> {
     if req.currency.is_empty() {
         return Err(AppError("currency required".into()));
     }
@@ -39,7 +42,8 @@ async fn with_impl_in_result(user: AuthUser, body: String) -> Result<impl IntoRe
     Ok((StatusCode::CREATED, format!("{n} for {}", user.id)))
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(create_payment);
     let _ = support::route(with_impl_in_result);
 }

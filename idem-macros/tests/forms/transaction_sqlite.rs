@@ -1,9 +1,9 @@
 // Transactional mode: the `tx` parameter (anywhere in the list) is no extractor; the body writes
 // through it with `tx.conn().await?`, and uses the other parameters as usual. No warnings.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
-#[path = "../tx_support.rs"]
+#[path = "../ui/tx_support.rs"]
 mod tx_support;
 
 use axum::extract::State;
@@ -23,12 +23,20 @@ async fn create_payment(
     sqlx::query("INSERT INTO payments (owner, amount) VALUES (?, ?)")
         .bind(&user.id)
         .bind(req.amount as i64)
-        .execute(tx.conn().await.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?)
+        .execute(
+            tx.conn()
+                .await
+                .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?,
+        )
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok((StatusCode::CREATED, format!("{name}: {} {}", req.amount, req.currency)))
+    Ok((
+        StatusCode::CREATED,
+        format!("{name}: {} {}", req.amount, req.currency),
+    ))
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = tx_support::route_tx(create_payment);
 }

@@ -1,7 +1,7 @@
 // The last parameter reads only the request head (no body extractor), including when it is the
 // scope parameter itself, bound `mut`.
 #![deny(warnings)]
-#[path = "../support.rs"]
+#[path = "../ui/support.rs"]
 mod support;
 
 use axum::extract::{Path, State};
@@ -19,7 +19,8 @@ async fn refund_by_path(user: AuthUser, Path(id): Path<u64>) -> String {
     format!("{} {id}", user.id)
 }
 
-fn main() {
+#[test]
+fn routes() {
     let _ = support::route(refund);
     let _ = support::route(refund_by_path);
 }
