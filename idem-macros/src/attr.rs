@@ -32,13 +32,6 @@ impl Parse for Args {
             if let Err(e) = args.parse_one(input) {
                 args.errors.push(e);
                 skip_to_comma(input)?;
-            }
-            if input.is_empty() {
-                break;
-            }
-            if let Err(e) = input.parse::<Token![,]>() {
-                args.errors.push(e);
-                skip_to_comma(input)?;
                 input.parse::<Option<Token![,]>>()?;
             }
         }
@@ -52,9 +45,9 @@ impl Args {
     }
 
     fn parse_one(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
-        let lookahead = input.lookahead1();
-        let Some((opt, kw)) = Opt::parse(&lookahead, input)? else {
-            return Err(unknown(input, lookahead.error()));
+        let kw = input.call(Ident::parse_any)?;
+        let Some(opt) = Opt::ALL.iter().copied().find(|opt| kw == opt.name()) else {
+            return Err(unknown(&kw));
         };
         input.parse::<Token![=]>()?;
         let value = input.parse::<Expr>()?;
@@ -65,19 +58,20 @@ impl Args {
             ));
         }
         self.written.push(Written { opt, kw, value });
+        if !input.is_empty() {
+            input.parse::<Token![,]>()?;
+        }
         Ok(())
     }
 }
 
-/// An unknown option: the compiler's "expected one of" list, and the probable meaning.
-fn unknown(input: ParseStream<'_>, expected: syn::Error) -> syn::Error {
-    let Ok(ident) = input.fork().call(Ident::parse_any) else {
-        return expected;
-    };
+/// An unknown option: its probable meaning, else the list of options.
+fn unknown(ident: &Ident) -> syn::Error {
     let names: Vec<&str> = Opt::ALL.iter().map(|opt| opt.name()).collect();
-    let hint = crate::values::closest(&ident.to_string(), &names)
-        .map(|best| format!("did you mean `{best}`? ({expected})"))
-        .unwrap_or_else(|| expected.to_string());
+    let hint = match crate::values::closest(&ident.to_string(), &names) {
+        Some(best) => format!("did you mean `{best}`?"),
+        None => format!("expected one of `{}`", names.join("`, `")),
+    };
     syn::Error::new(ident.span(), format!("unknown option `{ident}`: {hint}"))
 }
 

@@ -106,8 +106,10 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
     let base = args
         .get(Opt::Policy)
         .and_then(|w| policy_path(w, &mut errors));
+    // The options that are values (`scope`, `transaction` and `policy` name code, resolved above).
     let values: Vec<(Opt, Value)> = Opt::ALL
         .iter()
+        .filter(|opt| !matches!(opt.kind(), Kind::Param | Kind::Path))
         .filter_map(|&opt| Some((opt, value(args.get(opt)?, &mut errors)?)))
         .collect();
     let rules = rules(&args, &values, base.as_ref(), &mut errors);
@@ -211,14 +213,11 @@ fn choice(values: &[(Opt, Value)], opt: Opt) -> Option<&'static str> {
     })
 }
 
-/// An option's value, if it is valid.
+/// A value option's value, if it is valid.
 fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
     let name = w.opt.name();
     let kind = w.opt.kind();
-    let lit = match kind {
-        Kind::Param | Kind::Path => return None,
-        _ => string(w, errors)?,
-    };
+    let lit = string(w, errors)?;
     let text = lit.value();
     // A literal the parser refused, given what the option expects.
     let refused = |bad, like: &str| match bad {
@@ -248,9 +247,7 @@ fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
         },
         Kind::Date => match values::parse_date(&text) {
             Ok(ms) => return Some(Value::Date(ms)),
-            Err(Bad::Unrecognized) => format!("`{name}` expects a date written YYYY-MM-DD, like \"2027-03-01\", found \"{text}\""),
-            Err(Bad::Note(note)) => format!("invalid `{name}` date \"{text}\": {note}"),
-            Err(bad) => refused(bad, "a date written YYYY-MM-DD"),
+            Err(bad) => refused(bad, "a date written YYYY-MM-DD, like \"2027-03-01\""),
         },
         Kind::Size => match values::parse_size(&text) {
             Ok(0) => format!("`{name}` must be greater than zero"),
@@ -388,11 +385,10 @@ fn find_param<'s>(
 fn resolve_scope(w: Option<&Written>, sig: &Signature, errors: &mut Errors) -> Option<ScopeSource> {
     let Some(w) = w else {
         let example = match named(sig).next() {
-            Some((_, pi, pt)) => format!(
-                "`scope = \"{}\"` if `{}` identifies the caller",
-                pi.ident.unraw(),
-                pt.ty.to_token_stream()
-            ),
+            Some((_, pi, pt)) => {
+                let (name, ty) = (pi.ident.unraw(), pt.ty.to_token_stream());
+                format!("`scope = \"{name}\"` if `{ty}` identifies the caller")
+            }
             None => "`scope = \"<parameter>\"`".into(),
         };
         let message = format!("missing `scope`: keys are unique per caller, so name the parameter that identifies the caller ({example}), or write `scope = \"global\"` to share keys between all callers");

@@ -87,13 +87,10 @@ use syn::{FnArg, Ident, ItemFn, PatType, ReturnType, Type};
 pub(crate) fn expand(config: Config) -> TokenStream {
     let def = Span::mixed_site();
     let p = quote_spanned!(def=> ::idem_runtime::__private);
-    let names = [
-        "__idem_engine",
-        "__idem_request",
-        "__idem_scope",
-        "__IDEM_POLICY",
-    ];
-    let [engine, request, scope_var, policy_const] = names.map(|n| Ident::new(n, def));
+    let engine = Ident::new("__idem_engine", def);
+    let request = Ident::new("__idem_request", def);
+    let scope_var = Ident::new("__idem_scope", def);
+    let policy_const = Ident::new("__IDEM_POLICY", def);
     let ItemFn {
         mut attrs,
         vis,
@@ -347,18 +344,6 @@ impl VisitMut for ImplToInfer {
         } else {
             syn::visit_mut::visit_type_mut(self, ty);
         }
-    }
-}
-
-/// Prints the expansion when `IDEM_DEBUG_EXPAND` is `1` (every handler) or names this handler
-/// (a comma-separated list of function names).
-pub(crate) fn debug_print(name: &str, tokens: &TokenStream) {
-    let Some(wanted) = std::env::var_os("IDEM_DEBUG_EXPAND") else {
-        return;
-    };
-    let wanted = wanted.to_string_lossy();
-    if wanted == "1" || wanted.split(',').any(|w| w.trim() == name) {
-        eprintln!("#[idempotent] expansion of `{name}`:\n{tokens}\n");
     }
 }
 

@@ -326,9 +326,7 @@ use proc_macro::TokenStream;
 ///
 /// # Seeing the expansion
 ///
-/// Set `IDEM_DEBUG_EXPAND=1` while building to print every handler's expansion to stderr, or
-/// `IDEM_DEBUG_EXPAND=create_payment,refund` for some handlers (touch the source file, or
-/// `cargo clean -p <crate>`, so the macro runs again).
+/// [`cargo expand`](https://github.com/dtolnay/cargo-expand) shows what a handler becomes.
 ///
 /// [`Scope`]: ../idem_runtime/axum/trait.Scope.html
 /// [`Policy`]: ../idem_runtime/policy/struct.Policy.html
@@ -338,18 +336,13 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
-    let output = match config::build(args.into(), item.clone()) {
-        Ok(config) => {
-            let name = config.handler.sig.ident.to_string();
-            let tokens = expand::expand(config);
-            expand::debug_print(&name, &tokens);
-            tokens
-        }
+    match config::build(args.into(), item.clone()) {
+        Ok(config) => expand::expand(config),
         // Never expand to nothing: the handler as written, plus every error.
         Err(errors) => {
             let errors = errors.to_compile_error();
             quote::quote!(#item #errors)
         }
-    };
-    output.into()
+    }
+    .into()
 }

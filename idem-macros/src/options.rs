@@ -3,8 +3,6 @@
 //! order of the policy's builder calls) and the documentation's table (`lib.rs`) all read it.
 
 use crate::values::{self, Choice};
-use syn::parse::{Lookahead1, ParseStream};
-use syn::Ident;
 
 /// What an option's value is.
 #[derive(Clone, Copy)]
@@ -29,13 +27,10 @@ pub(crate) enum Kind {
 }
 
 /// Generates, from one row per option (keyword, variant, kind, the example value messages
-/// suggest, and the documentation's "values" and "default" cells): the `kw` keywords, [`Opt`], and
-/// the `options_table!` macro that writes the documentation's table.
+/// suggest, and the documentation's "values" and "default" cells): [`Opt`], and the
+/// `options_table!` macro that writes the documentation's table.
 macro_rules! options {
     ($($name:ident $variant:ident: $kind:expr, $example:literal, $values:literal, $default:literal;)*) => {
-        /// The options' keywords, for `syn`'s `lookahead1`.
-        pub(crate) mod kw { $(syn::custom_keyword!($name);)* }
-
         /// One option.
         #[derive(Clone, Copy, PartialEq, Eq, Debug)]
         pub(crate) enum Opt { $($variant,)* }
@@ -52,15 +47,6 @@ macro_rules! options {
             pub(crate) fn name(self) -> &'static str { self.spec().0 }
             pub(crate) fn kind(self) -> Kind { self.spec().1 }
             pub(crate) fn example(self) -> &'static str { self.spec().2 }
-
-            /// The option whose keyword comes next, consumed; `None` if none does.
-            pub(crate) fn parse(lookahead: &Lookahead1<'_>, input: ParseStream<'_>) -> syn::Result<Option<(Opt, Ident)>> {
-                $(if lookahead.peek(kw::$name) {
-                    let kw = input.parse::<kw::$name>()?;
-                    return Ok(Some((Opt::$variant, Ident::new(stringify!($name), kw.span))));
-                })*
-                Ok(None)
-            }
         }
 
         /// The documentation's table of options.

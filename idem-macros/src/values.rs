@@ -110,9 +110,6 @@ fn explain_duration(text: &str, allow_ms: bool) -> Bad {
         total_ms = sum;
         segments += 1;
     }
-    if segments == 0 {
-        return Bad::Unrecognized;
-    }
     let Ok(total) = u64::try_from(total_ms) else {
         return Bad::TooLarge;
     };
@@ -234,10 +231,8 @@ fn check_calendar(year: i64, month: u32, day: u32) -> Result<(), Bad> {
         _ => 31,
     };
     if day == 0 || day > days {
-        let name = MONTHS
-            .split(' ')
-            .nth(month as usize - 1)
-            .unwrap_or_default();
+        let name = MONTHS.split(' ').nth(month as usize - 1);
+        let name = name.unwrap_or_default();
         return Err(Bad::Note(format!("{name} {year} has {days} days")));
     }
     Ok(())

@@ -4,6 +4,11 @@
 // The files are written as the crates users write, where `pub` items are reachable.
 #![allow(unreachable_pub)]
 
+#[path = "ui/support.rs"]
+mod support;
+#[path = "ui/tx_support.rs"]
+mod tx_support;
+
 #[path = "forms/all_options.rs"]
 mod all_options;
 #[path = "forms/attributes_and_visibility.rs"]

@@ -1,7 +1,6 @@
 // Every option at once.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use axum::Json;
 use idem_runtime::idempotent;

@@ -1,8 +1,7 @@
 // Doc comments, other attributes and the visibility survive; a raw identifier as handler name;
 // a handler in a module used from outside it; an associated function (without `self`).
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 mod handlers {
     use super::support::AuthUser;

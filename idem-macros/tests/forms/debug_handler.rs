@@ -1,8 +1,7 @@
 // axum's `#[debug_handler]`, written below `#[idempotent]`, checks the rewritten handler against
 // the state (what the router's "not a `Handler`" note suggests).
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::Json;

@@ -1,7 +1,6 @@
 // `scope = "global"`: no caller parameter needed.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use idem_runtime::idempotent;
 

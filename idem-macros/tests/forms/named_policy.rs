@@ -1,8 +1,7 @@
 // A policy stated once as a `const` (here in a module, named by path), shared by handlers, with
 // attribute options overriding it.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use axum::extract::Path;
 use idem_runtime::idempotent;

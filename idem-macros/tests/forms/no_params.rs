@@ -1,7 +1,6 @@
 // A handler without parameters, and one without a return type.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use idem_runtime::idempotent;
 

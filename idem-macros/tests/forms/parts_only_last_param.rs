@@ -1,8 +1,7 @@
 // The last parameter reads only the request head (no body extractor), including when it is the
 // scope parameter itself, bound `mut`.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use axum::extract::{Path, State};
 use idem_runtime::idempotent;

@@ -1,8 +1,7 @@
 // The typical handler: router state, the caller as scope, a JSON body; the body uses (and moves)
 // the scope parameter. No warnings from the expansion.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -1,8 +1,7 @@
 // `?` in the body converts errors into the handler's declared error type, and an early `return`
 // returns from the handler, as without the attribute.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

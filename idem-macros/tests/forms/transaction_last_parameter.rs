@@ -1,8 +1,7 @@
 // The transaction as the last parameter (the body is then read by the unit extractor), on
 // SQLite, with a global scope, `impl IntoResponse` and a helper taking `&mut Tx`.
 #![deny(warnings)]
-#[path = "../ui/tx_support.rs"]
-mod tx_support;
+use crate::tx_support;
 
 use axum::extract::Path;
 use axum::response::IntoResponse;

@@ -1,10 +1,8 @@
 // Transactional mode: the `tx` parameter (anywhere in the list) is no extractor; the body writes
 // through it with `tx.conn().await?`, and uses the other parameters as usual. No warnings.
 #![deny(warnings)]
-#[path = "../ui/support.rs"]
-mod support;
-#[path = "../ui/tx_support.rs"]
-mod tx_support;
+use crate::support;
+use crate::tx_support;
 
 use axum::extract::State;
 use axum::http::StatusCode;

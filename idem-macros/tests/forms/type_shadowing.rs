@@ -2,8 +2,7 @@
 // common names do not change its meaning.
 #![deny(warnings)]
 #![allow(non_camel_case_types, dead_code)]
-#[path = "../ui/support.rs"]
-mod support;
+use crate::support;
 
 use ::idem_runtime::idempotent;
 use support::AuthUser;

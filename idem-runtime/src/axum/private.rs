@@ -7,7 +7,7 @@
 //! async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<New>) -> impl IntoResponse { BODY }
 //! ```
 //!
-//! is, in essence (`IDEM_DEBUG_EXPAND=1` prints the real expansion; see `idem-macros/src/expand.rs`):
+//! is, in essence (`cargo expand` prints the real expansion; see `idem-macros/src/expand.rs`):
 //!
 //! ```ignore
 //! async fn create(
