@@ -1,7 +1,7 @@
 //! Criterion micro-benchmarks of idem's hot path on the memory store: fingerprinting, extracting a
 //! `Json<T>` body with its fingerprint (two parses against one), a new request and a replay through
 //! the engine, and the wake-up registry's notify, which every completion calls.
-//! Run with: cargo bench -p idem-bench --bench hot_path
+//! Run with: cargo bench --manifest-path benches/Cargo.toml --bench hot_path
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use idem_runtime::store::memory::MemoryStore;

@@ -6,8 +6,10 @@
 use crate::load::{self, interleaved, Bounds, Connections, Keys, Sample};
 use crate::report::{dur, median, pct, rate, Config};
 use crate::stores::{self, Backend, Handle};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::header::{HeaderValue, COOKIE, LOCATION, SET_COOKIE};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -17,14 +19,15 @@ use idem_runtime::{idempotent, Engine};
 use ruts::store::SessionStore;
 use ruts::{CookieOptions, Session, SessionLayer};
 use serde::Deserialize;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Connections of every throughput cell.
 pub(crate) const CONNECTIONS: usize = 16;
 /// Completed keys each replay cell cycles through.
-const REPLAY_KEYS: usize = 256;
+pub(crate) const REPLAY_KEYS: usize = 256;
 /// The concurrent-duplicates count: this many keys, each sent by this many requests at once.
 const DUP_KEYS: u64 = 50;
 const DUP_COPIES: usize = 16;
@@ -77,6 +80,46 @@ async fn annotated(Json(req): Json<NewPayment>) -> Response {
     created(req)
 }
 
+/// Each key's response (`None` while its handler runs), kept by hand: the memory store's floor.
+type ByHand = Arc<Mutex<HashMap<String, Option<(StatusCode, HeaderMap, Bytes)>>>>;
+
+/// The least that keeping a record per key costs in one process: a key seen before gets its stored
+/// response (or a 409 while it runs), a new one runs the handler and stores its response. No
+/// fingerprint, lease, expiry or waiting for a duplicate, as the memory store has.
+async fn by_hand(State(records): State<ByHand>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let seen = match records.lock() {
+        Ok(mut records) => {
+            let seen = records.get(key).cloned();
+            if seen.is_none() {
+                records.insert(key.to_owned(), None);
+            }
+            seen
+        }
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    match seen {
+        Some(Some((status, headers, body))) => return (status, headers, body).into_response(),
+        Some(None) => return StatusCode::CONFLICT.into_response(),
+        None => {}
+    }
+    let Ok(Json(req)) = Json::<NewPayment>::from_bytes(&body) else {
+        return StatusCode::UNPROCESSABLE_ENTITY.into_response();
+    };
+    work().await;
+    let (parts, body) = created(req).into_parts();
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let stored = (parts.status, parts.headers.clone(), body.clone());
+    if let Ok(mut records) = records.lock() {
+        records.insert(key.to_owned(), Some(stored));
+    }
+    Response::from_parts(parts, Body::from(body))
+}
+
 /// Establishes a session: axum-idempotent caches responses only for requests that carry one.
 /// A store's error is the 500's body, for the report to say why the peer was not run.
 async fn login<S: SessionStore>(session: Session<S>) -> Response {
@@ -93,12 +136,18 @@ async fn login<S: SessionStore>(session: Session<S>) -> Response {
     }
 }
 
-/// `/plain` and `/idem`: the handler without and with `#[idempotent]` on `engine`.
+/// `/plain` and `/idem`: the handler without and with `#[idempotent]` on `engine`; `/floor`:
+/// with a record kept by hand ([`by_hand`]).
 fn idem_router(engine: Engine) -> Router {
     Router::new()
         .route("/plain", post(plain))
         .route("/idem", post(annotated))
         .with_state(engine)
+        .merge(
+            Router::new()
+                .route("/floor", post(by_hand))
+                .with_state(ByHand::default()),
+        )
 }
 
 /// `/peer`: the handler under axum-idempotent keyed by the `Idempotency-Key` header (required),
@@ -161,6 +210,17 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
             println!("## HTTP\n\nskipped: {e}\n");
             return;
         }
+    }
+    let name = "floor: a record per key by hand (`Mutex<HashMap>`)".to_owned();
+    let addr = servers[0].addr;
+    match seed(addr, "/floor", None).await {
+        Ok(()) => servers.push(Server {
+            name,
+            addr,
+            route: "/floor",
+            cookies: Arc::default(),
+        }),
+        Err(why) => skipped.push(Skipped { name, why }),
     }
     for (backend, handle) in handles {
         let name = format!("idem, {}", backend.name());
@@ -294,15 +354,36 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
     for s in skipped {
         println!("| {} | not run: {} | | | | | |", s.name, s.why);
     }
+    // The memory store against the floor by hand, the line it is judged by.
+    let row = |route: &str, name: &str| {
+        servers
+            .iter()
+            .position(|s| s.route == route && s.name.contains(name))
+    };
+    if let (Some(floor), Some(memory)) = (row("/floor", ""), row("/idem", "memory")) {
+        let ratio = |cells: &[Vec<Sample>]| {
+            let rps = |i: usize| cell(&cells[i]).0;
+            pct(rps(memory) / rps(floor).max(1e-9))
+        };
+        println!(
+            "\nidem's memory store against the floor by hand: new keys {}, replays {}.",
+            ratio(&new),
+            ratio(&replay)
+        );
+    }
     println!();
 }
 
-fn replay_keys() -> Vec<String> {
+pub(crate) fn replay_keys() -> Vec<String> {
     (0..REPLAY_KEYS).map(|i| format!("replay-{i}")).collect()
 }
 
 /// Completes the replay keys at `addr`'s `route`, in the session of `cookie` if given.
-async fn seed(addr: SocketAddr, route: &str, cookie: Option<&HeaderValue>) -> Result<(), String> {
+pub(crate) async fn seed(
+    addr: SocketAddr,
+    route: &str,
+    cookie: Option<&HeaderValue>,
+) -> Result<(), String> {
     let mut sender = load::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;

@@ -1,4 +1,4 @@
-//! Writes `BENCHMARKS.md` in one run: `cargo run --release -p idem-bench -- all > BENCHMARKS.md`.
+//! Writes `BENCHMARKS.md` in one run: `cargo run --release --manifest-path benches/Cargo.toml -- all > BENCHMARKS.md`.
 //!
 //! Sections run alone too: `http`, `store`, `roundtrips`, `cluster`. Settings: `IDEM_BENCH_SECS`
 //! (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (interleaved rounds, 5),
@@ -6,7 +6,11 @@
 //! `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`; database `idem_bench` is
 //! created), `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed) and
 //! `IDEM_BENCH_REDIS_CLUSTER_URL` (see `cluster.rs`). Progress goes to stderr, the report to stdout.
+//!
+//! `before-after BEFORE AFTER LABEL` (two `host:port`) is the load side of
+//! `benches/before-after/run`, which builds and starts the two servers it compares.
 
+mod before_after;
 mod cluster;
 mod counting;
 mod floors;
@@ -17,7 +21,15 @@ mod roundtrips;
 mod store_level;
 mod stores;
 
-const SECTIONS: [&str; 5] = ["all", "http", "store", "roundtrips", "cluster"];
+const SECTIONS: [&str; 7] = [
+    "all",
+    "http",
+    "store",
+    "roundtrips",
+    "cluster",
+    "before-after",
+    "before-after-header",
+];
 
 fn main() {
     let section = std::env::args().nth(1).unwrap_or_else(|| "all".into());
@@ -41,6 +53,21 @@ fn main() {
 async fn run(section: &str) {
     let started = std::time::Instant::now();
     let cfg = report::Config::from_env();
+    if section.starts_with("before-after") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        let addrs: Vec<std::net::SocketAddr> = args.iter().filter_map(|a| a.parse().ok()).collect();
+        match (section, &addrs[..], args.get(2)) {
+            ("before-after-header", _, _) => before_after::header(&cfg),
+            (_, [before, after], Some(label)) => {
+                before_after::run(*before, *after, label, &cfg).await
+            }
+            _ => {
+                eprintln!("usage: idem-bench before-after BEFORE_ADDR AFTER_ADDR LABEL");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     let all = section == "all";
     let stores = if all || ["http", "store"].contains(&section) {
         stores::handles("bench").await

@@ -75,7 +75,7 @@ peer crate axum-idempotent, at the store level against each store's own floor, a
 operations per request. Every table below comes from one run of
 
 ```sh
-cargo run --release -p idem-bench -- all > BENCHMARKS.md
+cargo run --release --manifest-path benches/Cargo.toml -- all > BENCHMARKS.md
 ```
 
 with PostgreSQL at `postgres://postgres@127.0.0.1:5432` (the bench creates its own database
@@ -84,7 +84,7 @@ with PostgreSQL at `postgres://postgres@127.0.0.1:5432` (the bench creates its o
 (`.ci/redis-cluster start`, or `IDEM_BENCH_REDIS_CLUSTER_URL`) and is skipped without one.
 `IDEM_BENCH_SECS` sets the seconds per throughput cell and `IDEM_BENCH_ROUNDS` the interleaved
 rounds; `IDEM_BENCH_STORES=memory,redis` limits the stores. One section runs alone with `-- http`,
-`-- store`, `-- roundtrips` or `-- cluster`. `cargo bench -p idem-bench --bench hot_path` runs the
+`-- store`, `-- roundtrips` or `-- cluster`. `cargo bench --manifest-path benches/Cargo.toml --bench hot_path` runs the
 criterion micro-benchmarks of the in-process path.
 
 ## The machine

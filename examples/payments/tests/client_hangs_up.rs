@@ -2,9 +2,7 @@
 //! once (one charge, the card network called once, one payment) and the retry replays it. idem
 //! runs a claimed handler in a task of its own, so a hang-up cancels nothing. On every store mode.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 /// The card network's latency: the hang-up comes while the handler waits on it.
 const LATENCY: &str = "1500";

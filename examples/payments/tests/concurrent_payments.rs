@@ -12,12 +12,10 @@
 //! Speed is not asserted: the first test shows that payments overlap by counting what is in flight
 //! (charged by the network, not yet in the ledger), and prints the elapsed time for information.
 
-mod support;
-
+use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_run_side_by_side_on_the_default_configuration() {

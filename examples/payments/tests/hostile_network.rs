@@ -2,13 +2,11 @@
 //! request must not starve the ones that do, and the service's own database going away mid-request
 //! is a 503 a client can retry, never a 500 or a double charge.
 
-mod support;
-
+use crate::support::*;
 use idem_runtime::sqlx::ConnectOptions;
 use idem_tests::proxy::{self, Proxy};
 use idem_tests::services::TestDb;
 use std::time::Duration;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

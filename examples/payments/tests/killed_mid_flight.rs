@@ -5,9 +5,7 @@
 //! every key ends with exactly one charge and one payment. On every store mode; with the records in
 //! memory the restart forgets the claims and the retries run at once.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 /// Payments in flight when the process is killed.
 const KEYS: usize = 50;

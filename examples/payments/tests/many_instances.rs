@@ -6,12 +6,10 @@
 //! killed when it ends, also on failure. Without the services the tests fail, saying how to start
 //! them, unless `IDEM_TEST_SKIP` names them (see README.md).
 
-mod support;
-
+use crate::support::*;
 use idem_runtime::sqlx::{self, postgres::PgPool};
 use idem_tests::services::{RedisClusterPrefix, RedisPrefix, TestDb};
 use std::sync::Arc;
-use support::*;
 
 /// Sends 16 identical creates at once, alternating between `instances`, and checks that they are
 /// one payment: every reply is that payment's 201, exactly one was executed (the others replayed),

@@ -2,9 +2,7 @@
 //! a refund (protected by `IdempotencyLayer`) and its replay, and the store calls they made. The
 //! binary runs in a process of its own, so its counters hold this test's requests only.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_the_payment_the_refund_and_their_replays() {

@@ -3,10 +3,8 @@
 //! replays every one of them. A payment whose client hung up is finished and stored before the exit
 //! too, with no client left to keep the process waiting. Each payment is charged once and paid once.
 
-mod support;
-
+use crate::support::*;
 use std::time::Duration;
-use support::*;
 
 /// Payments in flight, their clients waiting, when the first process gets the signal. Payment
 /// number `KEYS` is in flight, its client gone, when the second one gets it.

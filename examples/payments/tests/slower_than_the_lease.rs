@@ -2,10 +2,8 @@
 //! handler runs, so a duplicate that arrives after the first lease would have run out waits for the
 //! payment and replays it instead of taking the key over and paying again.
 
-mod support;
-
+use crate::support::*;
 use std::time::Duration;
-use support::*;
 
 /// The payments policy's lease.
 const LEASE: Duration = Duration::from_secs(10);

@@ -6,13 +6,11 @@
 //! it comes back empty, and idem puts back the records it lost. With the records in PostgreSQL the
 //! store is reached through a proxy that is cut off, then restored: the records are still there.
 
-mod support;
-
+use crate::support::*;
 use idem_runtime::sqlx::ConnectOptions;
 use idem_tests::proxy::{self, Proxy};
 use idem_tests::services::TestDb;
 use std::time::Duration;
-use support::*;
 
 /// Payments in flight when the store goes away.
 const KEYS: usize = 20;

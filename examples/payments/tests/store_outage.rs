@@ -3,13 +3,11 @@
 //! store returns. The store is reached through a TCP proxy the test cuts and restores; the ledger
 //! is reached directly, so the test can see that nothing was charged.
 
-mod support;
-
+use crate::support::*;
 use idem_runtime::sqlx::ConnectOptions;
 use idem_tests::proxy::{self, Proxy};
 use idem_tests::services::{RedisPrefix, TestDb};
 use std::time::Duration;
-use support::*;
 
 /// How often, and how many times, a request is sent again while waiting for the store to come back:
 /// polling for an observable state, bounded only to fail instead of hanging.
