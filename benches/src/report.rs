@@ -85,7 +85,9 @@ with PostgreSQL at `postgres://postgres@127.0.0.1:5432` (the bench creates its o
 `IDEM_BENCH_SECS` sets the seconds per throughput cell and `IDEM_BENCH_ROUNDS` the interleaved
 rounds; `IDEM_BENCH_STORES=memory,redis` limits the stores. One section runs alone with `-- http`,
 `-- store`, `-- roundtrips` or `-- cluster`. `cargo bench --manifest-path benches/Cargo.toml --bench hot_path` runs the
-criterion micro-benchmarks of the in-process path.
+criterion micro-benchmarks of the in-process path. The last section, before and after a change,
+comes from `benches/before-after/run <commit> >> BENCHMARKS.md`, which builds the same server from
+that commit and from HEAD and loads the two in turns.
 
 ## The machine
 

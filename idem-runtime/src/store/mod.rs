@@ -25,6 +25,8 @@ use std::fmt;
 pub use crate::waiters::{Subscription, Waiters};
 
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod migrations;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

@@ -71,10 +71,24 @@ pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The embedded migrations (`migrations/postgres/`), run with `search_path = idem`. Versions applied
 /// by a later idem are ignored (see the [module documentation](self)).
-fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("./migrations/postgres");
-    migrator.set_ignore_missing(true);
-    migrator
+pub(crate) fn migrator() -> Migrator {
+    super::migrations::migrator(&[
+        (
+            20261130000001,
+            "idem records",
+            include_str!("../../migrations/postgres/20261130000001_idem_records.sql"),
+        ),
+        (
+            20261201000000,
+            "idem records watched",
+            include_str!("../../migrations/postgres/20261201000000_idem_records_watched.sql"),
+        ),
+        (
+            20261202000000,
+            "idem insert claim",
+            include_str!("../../migrations/postgres/20261202000000_idem_insert_claim.sql"),
+        ),
+    ])
 }
 
 /// How often a claim re-runs its statement when concurrent changes keep it from settling. Each retry

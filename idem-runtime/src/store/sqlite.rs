@@ -63,7 +63,7 @@
 //!
 //! # Migrations
 //!
-//! The schema is embedded with `sqlx::migrate!` (`migrations/sqlite/` in this crate) and applied by
+//! The schema is embedded (`migrations/sqlite/` in this crate, as `sqlx::migrate!` would) and applied by
 //! the constructors. sqlx 0.8 keeps every migrator's history in the one `_sqlx_migrations` table
 //! (a custom table name only arrives in sqlx 0.9), so idem's migrator
 //! ([`SqliteStore::migrator`]) ignores versions it does not know, and an application that keeps its
@@ -417,9 +417,11 @@ impl SqliteStore {
     /// the same `_sqlx_migrations` table do not make it fail. The constructors run it; it is public
     /// for applications that want to list or check it.
     pub fn migrator() -> Migrator {
-        let mut migrator = sqlx::migrate!("./migrations/sqlite");
-        migrator.set_ignore_missing(true);
-        migrator
+        super::migrations::migrator(&[(
+            20261130000000,
+            "idem records",
+            include_str!("../../migrations/sqlite/20261130000000_idem_records.sql"),
+        )])
     }
 
     /// The pool, to share with the application or to close on shutdown.

@@ -1,5 +1,0 @@
-//! Rebuilds the crate when a migration changes, so that `sqlx::migrate!` embeds the current files.
-
-fn main() {
-    println!("cargo:rerun-if-changed=migrations");
-}
