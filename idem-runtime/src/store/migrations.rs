@@ -22,7 +22,7 @@ pub(crate) fn migrator(files: &[Embedded]) -> Migrator {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
 mod tests {
     use sqlx::migrate::{Migration, Migrator};
 
