@@ -30,15 +30,16 @@ pub(crate) async fn run(before: SocketAddr, after: SocketAddr, label: &str, cfg:
             round + 1,
             cfg.rounds
         );
-        let mut loads: Vec<((usize, bool), Box<dyn Sliced>)> = Vec::new();
-        for (cell, replay) in [(0, false), (1, true)] {
-            for (is_after, addr) in [(false, before), (true, after)] {
+        // In order: new keys before, after; replays before, after.
+        let mut loads: Vec<((), Box<dyn Sliced>)> = Vec::new();
+        for replay in [false, true] {
+            for addr in [before, after] {
                 let keys = match replay {
                     false => Keys::Fresh(format!("ab-{round}").into()),
                     true => Keys::Replay(replay_keys.clone()),
                 };
                 let load = Connections::open(addr, "/idem", keys, CONNECTIONS).await;
-                loads.push(((cell, is_after), Box::new(load)));
+                loads.push(((), Box::new(load)));
             }
         }
         interleaved(&mut loads, bounds).await;

@@ -195,6 +195,19 @@ struct Skipped {
     why: String,
 }
 
+/// The server at `addr`'s `route`, once its replay keys are completed; else why not.
+async fn seeded(name: String, addr: SocketAddr, route: &'static str) -> Result<Server, Skipped> {
+    match seed(addr, route, None).await {
+        Ok(()) => Ok(Server {
+            name,
+            addr,
+            route,
+            cookies: Arc::default(),
+        }),
+        Err(why) => Err(Skipped { name, why }),
+    }
+}
+
 pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
     let mut servers = Vec::new();
     let mut skipped = Vec::new();
@@ -212,15 +225,9 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
         }
     }
     let name = "floor: a record per key by hand (`Mutex<HashMap>`)".to_owned();
-    let addr = servers[0].addr;
-    match seed(addr, "/floor", None).await {
-        Ok(()) => servers.push(Server {
-            name,
-            addr,
-            route: "/floor",
-            cookies: Arc::default(),
-        }),
-        Err(why) => skipped.push(Skipped { name, why }),
+    match seeded(name, servers[0].addr, "/floor").await {
+        Ok(server) => servers.push(server),
+        Err(why) => skipped.push(why),
     }
     for (backend, handle) in handles {
         let name = format!("idem, {}", backend.name());
@@ -231,14 +238,9 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
                 continue;
             }
         };
-        match seed(addr, "/idem", None).await {
-            Ok(()) => servers.push(Server {
-                name,
-                addr,
-                route: "/idem",
-                cookies: Arc::default(),
-            }),
-            Err(why) => skipped.push(Skipped { name, why }),
+        match seeded(name, addr, "/idem").await {
+            Ok(server) => servers.push(server),
+            Err(why) => skipped.push(why),
         }
     }
     let moka = Arc::new(ruts::store::moka::MokaStore::builder().build());
