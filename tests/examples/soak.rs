@@ -17,7 +17,7 @@
 //! and is empty after each sweep; resident memory per round. The soak forgets each round's keys once
 //! checked, so its own bookkeeping does not grow; the ledger (SQLite, kept by design) does.
 
-#[path = "../tests/proof_support/mod.rs"]
+#[path = "../tests/proofs/proof_support.rs"]
 mod proof_support;
 
 use idem_runtime::clock::{Clock, SystemClock, Timestamp};

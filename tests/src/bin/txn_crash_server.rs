@@ -1,4 +1,4 @@
-//! A tiny service in transactional mode, for the crash tests (`tests/tests/transactional_crash.rs`):
+//! A tiny service in transactional mode, for the crash tests (`tests/tests/transactional/crash.rs`):
 //! they start it as a real process, kill it (or let it abort) at a chosen point, restart it and
 //! retry.
 //!

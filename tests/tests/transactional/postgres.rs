@@ -2,8 +2,7 @@
 //! test, see `idem_tests::services::TestDb`). The shared cases are in `transactional_support`; the
 //! ones below need PostgreSQL's own views (pool errors, lock waits).
 
-mod transactional_support;
-
+use crate::transactional_support::*;
 use axum::Router;
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::metrics::Outcome;
@@ -14,7 +13,6 @@ use idem_tests::services::TestDb;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
-use transactional_support::*;
 
 transactional_app!(idem_runtime::sqlx::Postgres, PostgresStore);
 

@@ -2,15 +2,13 @@
 //! a derived key, safe methods, media types with spaces, minimal replays' media type, and callers
 //! whose ids are far longer than any store's key limit. Each case counts the handler's runs.
 
-mod http_support;
-
+use crate::http_support::*;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::{header, Request};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use http_support::*;
 use idem_runtime::{idempotent, Fingerprint};
 
 #[tokio::test]

@@ -2,9 +2,7 @@
 //! outcome}`, every store call is timed in `idem_store_duration_seconds{store, op}`, every wait in
 //! `idem_wait_duration_seconds{handler}`; under the attribute and under the layer alike.
 
-mod http_support;
-
-use http_support::*;
+use crate::http_support::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use std::future::Future;

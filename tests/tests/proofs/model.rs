@@ -18,11 +18,9 @@
 //! CI runs a fixed seed and 64 cases per store (`PROPTEST_CASES` overrides it); a longer run:
 //!
 //! ```text
-//! PROPTEST_CASES=5000 cargo test -p idem-tests --test model -- --test-threads 1
-//! IDEM_MODEL_SEED=7 PROPTEST_CASES=5000 cargo test -p idem-tests --test model   # another seed
+//! PROPTEST_CASES=5000 cargo test -p idem-tests --test proofs model:: -- --test-threads 1
+//! IDEM_MODEL_SEED=7 PROPTEST_CASES=5000 cargo test -p idem-tests --test proofs model::   # another seed
 //! ```
-
-mod proof_support;
 
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::store::Purge;
@@ -739,7 +737,7 @@ macro_rules! model_tests {
                 $(#[$attr])*
                 #[test]
                 fn $backend() {
-                    super::sequential(super::proof_support::$backend());
+                    super::sequential(crate::proof_support::$backend());
                 }
             )*
         }
@@ -748,7 +746,7 @@ macro_rules! model_tests {
                 $(#[$attr])*
                 #[test]
                 fn $backend() {
-                    super::concurrent(super::proof_support::$backend());
+                    super::concurrent(crate::proof_support::$backend());
                 }
             )*
         }

@@ -1,8 +1,6 @@
 //! A restart on the same SQLite file: the retry replays, as the records are in that file.
 
-mod payments_support;
-
-use payments_support::*;
+use crate::payments_support::*;
 
 #[tokio::test]
 async fn a_retry_after_a_restart_on_the_same_file_replays() {

@@ -3,9 +3,7 @@
 //! Every scenario runs against both forms (the plain client and the reqwest-middleware stack).
 //! Paused tokio clock, server in the same runtime (see `client_support`).
 
-mod client_support;
-
-use client_support::{Caller, FaultServer, Form, Step};
+use crate::client_support::{Caller, FaultServer, Form, Step};
 use idem_runtime::client::{
     CauseKind, Client, ExponentialBackoff, RetryBudget, StopReason, TransportFailure,
 };

@@ -1,8 +1,6 @@
 //! Fresh responses, replays, and what a replay contains.
 
-mod http_support;
-
-use http_support::*;
+use crate::http_support::*;
 use idem_runtime::metrics::Outcome;
 use idem_runtime::RecordKey;
 

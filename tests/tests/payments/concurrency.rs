@@ -1,8 +1,6 @@
 //! Many identical requests at once make one payment.
 
-mod payments_support;
-
-use payments_support::*;
+use crate::payments_support::*;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,8 +1,6 @@
 //! The payments example's contract, driven in process.
 
-mod payments_support;
-
-use payments_support::*;
+use crate::payments_support::*;
 
 #[tokio::test]
 async fn create_answers_201_with_location_and_a_retry_replays_it() {

@@ -273,7 +273,7 @@ macro_rules! transactional_app {
         #[derive(Clone, axum::extract::FromRef)]
         pub struct App {
             pub txn: idem_runtime::Transactional<$store>,
-            pub controls: transactional_support::Controls,
+            pub controls: $crate::transactional_support::Controls,
         }
 
         #[idem_runtime::idempotent(
@@ -283,35 +283,41 @@ macro_rules! transactional_app {
             lease = "300s"
         )]
         async fn create(
-            axum::extract::State(controls): axum::extract::State<transactional_support::Controls>,
+            axum::extract::State(controls): axum::extract::State<
+                $crate::transactional_support::Controls,
+            >,
             attempt: idem_runtime::axum::Attempt,
-            user: transactional_support::User,
+            user: $crate::transactional_support::User,
             tx: idem_runtime::Tx<$db>,
-            axum::Json(req): axum::Json<transactional_support::Entry>,
+            axum::Json(req): axum::Json<$crate::transactional_support::Entry>,
         ) -> axum::response::Response {
-            transactional_support::entry(controls, attempt, user, tx, req).await
+            $crate::transactional_support::entry(controls, attempt, user, tx, req).await
         }
 
         #[idem_runtime::idempotent(scope = "user", transaction = "tx", wait = "0s", lease = "300s")]
         async fn quick(
-            axum::extract::State(controls): axum::extract::State<transactional_support::Controls>,
+            axum::extract::State(controls): axum::extract::State<
+                $crate::transactional_support::Controls,
+            >,
             attempt: idem_runtime::axum::Attempt,
-            user: transactional_support::User,
+            user: $crate::transactional_support::User,
             tx: idem_runtime::Tx<$db>,
-            axum::Json(req): axum::Json<transactional_support::Entry>,
+            axum::Json(req): axum::Json<$crate::transactional_support::Entry>,
         ) -> axum::response::Response {
-            transactional_support::entry(controls, attempt, user, tx, req).await
+            $crate::transactional_support::entry(controls, attempt, user, tx, req).await
         }
 
         #[idem_runtime::idempotent(scope = "user", transaction = "tx", missing_key = "pass")]
         async fn optional(
-            axum::extract::State(controls): axum::extract::State<transactional_support::Controls>,
+            axum::extract::State(controls): axum::extract::State<
+                $crate::transactional_support::Controls,
+            >,
             attempt: idem_runtime::axum::Attempt,
-            user: transactional_support::User,
+            user: $crate::transactional_support::User,
             tx: idem_runtime::Tx<$db>,
-            axum::Json(req): axum::Json<transactional_support::Entry>,
+            axum::Json(req): axum::Json<$crate::transactional_support::Entry>,
         ) -> axum::response::Response {
-            transactional_support::entry(controls, attempt, user, tx, req).await
+            $crate::transactional_support::entry(controls, attempt, user, tx, req).await
         }
 
         pub fn router(app: App) -> axum::Router {
@@ -1157,7 +1163,7 @@ macro_rules! transactional_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $name() {
             let backend = $setup.await;
-            transactional_support::$name(&backend).await;
+            $crate::transactional_support::$name(&backend).await;
         }
         $crate::transactional_cases!(@each [$($attrs)*] $setup => $($rest,)*);
     };

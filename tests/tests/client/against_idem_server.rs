@@ -2,13 +2,11 @@
 //! (the in-flight problem type, `Retry-After`, the replay marker, the dead-key answers), not only
 //! each half with a fake.
 
-mod client_support;
-
+use crate::client_support::{Caller, Form};
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use client_support::{Caller, Form};
 use idem_runtime::axum::problem::ProblemType;
 use idem_runtime::client::{Client, DeadKey, KEY_EXPIRED, KEY_MISMATCH, REQUEST_IN_FLIGHT};
 use idem_runtime::metrics::Outcome;

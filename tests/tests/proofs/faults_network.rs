@@ -8,10 +8,7 @@
 //! The proxy finds the one connection to cut by a marker in what the client sends: the caller's
 //! scope, which only this request's commands carry (never a keepalive or a LISTEN).
 
-mod http_support;
-mod proof_support;
-
-use http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
+use crate::http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
 use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::RedisStore;
@@ -180,7 +177,7 @@ struct Rig {
 
 impl Rig {
     fn new(store: Arc<dyn Store>) -> Self {
-        let clock = ManualClock::new(Timestamp::from_millis(http_support::START_MS));
+        let clock = ManualClock::new(Timestamp::from_millis(crate::http_support::START_MS));
         let engine = Engine::from_arc(store)
             .with_clock(clock.clone())
             .with_store_timeout(Some(Duration::from_secs(30)));
@@ -223,7 +220,7 @@ impl Rig {
 }
 
 async fn completed(store: &dyn Store, key: &RecordKey) -> bool {
-    let record = store.get(key, Timestamp::from_millis(http_support::START_MS));
+    let record = store.get(key, Timestamp::from_millis(crate::http_support::START_MS));
     match record.await.expect("read the record") {
         Some(record) => matches!(record.state, RecordState::Completed { .. }),
         None => false,
@@ -300,7 +297,7 @@ async fn cut_connections(store: Arc<dyn Store>, proxy: &Proxy) {
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_cut_mid_claim_and_mid_complete() {
-    let db = proof_support::postgres().await;
+    let db = crate::proof_support::postgres().await;
     let options = db.options();
     let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
         .await
@@ -320,7 +317,7 @@ async fn postgres_connections_cut_mid_claim_and_mid_complete() {
 #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_connections_cut_mid_claim_and_mid_complete() {
-    let backend = proof_support::redis().await;
+    let backend = crate::proof_support::redis().await;
     let client = redis::Client::open(backend.url()).expect("redis url");
     let target = match &client.get_connection_info().addr {
         redis::ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),

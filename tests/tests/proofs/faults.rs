@@ -8,13 +8,10 @@
 //! the handler once the lease ends), are tabled in `docs/reliability.md`.
 //!
 //! Panicking handlers, response bodies that fail while streaming and cancelled requests are covered
-//! by `http_failures.rs` and `http_replay.rs`; real connections cut under a store by
-//! `conformance_redis.rs` (a TCP proxy) and `conformance_postgres.rs`.
+//! by `http/failures.rs` and `http/replay.rs`; real connections cut under a store by
+//! `conformance/redis.rs` (a TCP proxy) and `conformance/postgres.rs`.
 
-mod http_support;
-mod proof_support;
-
-use http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
+use crate::http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
 use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::store::{Claim, ClaimOutcome, Subscription};
 use idem_runtime::{
@@ -168,7 +165,7 @@ struct Rig<S> {
 impl<S: Store> Rig<S> {
     fn new(inner: Arc<S>, store_timeout: Duration) -> Self {
         let store = Arc::new(Faulty::new(inner));
-        let clock = ManualClock::new(Timestamp::from_millis(http_support::START_MS));
+        let clock = ManualClock::new(Timestamp::from_millis(crate::http_support::START_MS));
         let engine = Engine::from_arc(store.clone())
             .with_clock(clock.clone())
             .with_store_timeout(Some(store_timeout));
@@ -359,7 +356,7 @@ macro_rules! on_every_backend {
                 $(#[$attr])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $backend() {
-                    super::dropped_connections(super::proof_support::$backend().await).await;
+                    super::dropped_connections(crate::proof_support::$backend().await).await;
                 }
             )*
         }

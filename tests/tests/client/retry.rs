@@ -3,9 +3,7 @@
 //! stack), on tokio's paused clock with the server in the same runtime (see `client_support`), so
 //! waits are asserted on tokio's clock and take no wall time.
 
-mod client_support;
-
-use client_support::{Caller, FaultServer, Form, Step};
+use crate::client_support::{Caller, FaultServer, Form, Step};
 use idem_runtime::client::{
     CauseKind, Client, ClientBuilder, DeadKey, KeyChoice, KeyFormat, RetryBudget, StopReason,
     TransportFailure, KEY_EXPIRED, KEY_MISMATCH, REQUEST_IN_FLIGHT,

@@ -2,12 +2,10 @@
 //! official schema, vendored in `tests/fixtures`), in which `POST /payments` states its
 //! idempotency: the key header, the replay headers, idem's problem responses.
 
-mod payments_support;
-
-use payments_support::*;
+use crate::payments_support::*;
 use serde_json::Value;
 
-const OAS_31_SCHEMA: &str = include_str!("../fixtures/openapi-3.1-schema-2022-10-07.json");
+const OAS_31_SCHEMA: &str = include_str!("../../fixtures/openapi-3.1-schema-2022-10-07.json");
 
 /// Every error the official OpenAPI 3.1 schema finds in `doc`, and in the schemas among its
 /// components, which that schema leaves to JSON Schema 2020-12.

@@ -8,8 +8,6 @@
 //!
 //! `PROPTEST_CASES` sets the budget (default 64 per store).
 
-mod proof_support;
-
 use idem_runtime::clock::Timestamp;
 use idem_runtime::sqlx::{self, Row};
 use idem_runtime::store::{Claim, ClaimOutcome};
@@ -228,7 +226,7 @@ fn sqlite_rows_decode_or_are_corrupt() {
         .enable_all()
         .build()
         .expect("runtime");
-    let backend = runtime.block_on(proof_support::sqlite());
+    let backend = runtime.block_on(crate::proof_support::sqlite());
     let store = runtime.block_on(backend.open());
     let pool = store.pool().clone();
     let n = AtomicU64::new(0);
@@ -335,7 +333,7 @@ fn postgres_rows_decode_or_are_corrupt() {
         .enable_all()
         .build()
         .expect("runtime");
-    let backend = runtime.block_on(proof_support::postgres());
+    let backend = runtime.block_on(crate::proof_support::postgres());
     let store = runtime.block_on(backend.open());
     let pool = store.pool().clone();
     let n = AtomicU64::new(0);

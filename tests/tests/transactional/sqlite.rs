@@ -1,15 +1,13 @@
 //! Transactional mode on SQLite: the ledger and idem's records in one file (a temporary one per
 //! test). The cases are in `transactional_support`.
 
-mod transactional_support;
-
+use crate::transactional_support::*;
 use axum::Router;
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::sqlx::{self, sqlite::SqlitePool, sqlite::SqlitePoolOptions};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::{Engine, Record, RecordKey, Store, Transactional};
 use std::sync::Arc;
-use transactional_support::*;
 
 transactional_app!(idem_runtime::sqlx::Sqlite, SqliteStore);
 

@@ -1,8 +1,6 @@
 //! Concurrency, expiry, store failures, handler failures and rejected requests.
 
-mod http_support;
-
-use http_support::*;
+use crate::http_support::*;
 use idem_runtime::metrics::Outcome;
 use idem_runtime::{RecordKey, Store};
 use std::sync::atomic::Ordering;

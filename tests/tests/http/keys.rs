@@ -1,8 +1,6 @@
 //! The `Idempotency-Key` header: malformed keys, and what each policy does without one.
 
-mod http_support;
-
-use http_support::*;
+use crate::http_support::*;
 use idem_runtime::clock::Timestamp;
 use idem_runtime::metrics::Outcome;
 use std::time::Duration;

@@ -1,7 +1,9 @@
 //! The client's tracing: a span per attempt with OpenTelemetry's `http.request.resend_count`, for
-//! both forms. Alone in its test binary: tracing caches whether a span's call site is wanted, and
-//! tests on other threads without a subscriber would race this one's thread-local capture.
+//! both forms. Alone in its test binary, not with the other client tests: tracing caches whether a
+//! span's call site is wanted, and tests on other threads without a subscriber would race this
+//! one's thread-local capture.
 
+#[path = "client/client_support.rs"]
 mod client_support;
 
 use client_support::{Caller, FaultServer, Form, Spans, Step};
