@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
@@ -149,13 +150,17 @@ impl Controls {
         self.attempts.lock().expect("attempts").clone()
     }
 
+    /// Waits for a permit. The handler queues for it before it counts as held, so that permits go
+    /// out in the order `until_held` saw handlers held, however the threads are scheduled.
     async fn hold(&self) {
+        let mut acquire = std::pin::pin!(self.release.acquire());
+        let queued = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
         self.held.send_modify(|n| *n += 1);
-        self.release
-            .acquire()
-            .await
-            .expect("semaphore open")
-            .forget();
+        let permit = match queued {
+            Poll::Ready(permit) => permit,
+            Poll::Pending => acquire.await,
+        };
+        permit.expect("semaphore open").forget();
         self.held.send_modify(|n| *n -= 1);
     }
 }
