@@ -357,12 +357,11 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
         println!("| {} | not run: {} | | | | | |", s.name, s.why);
     }
     // The memory store against the floor by hand, the line it is judged by.
-    let row = |route: &str, name: &str| {
-        servers
-            .iter()
-            .position(|s| s.route == route && s.name.contains(name))
-    };
-    if let (Some(floor), Some(memory)) = (row("/floor", ""), row("/idem", "memory")) {
+    let floor = servers.iter().position(|s| s.route == "/floor");
+    let memory = servers
+        .iter()
+        .position(|s| s.route == "/idem" && s.name.contains("memory"));
+    if let (Some(floor), Some(memory)) = (floor, memory) {
         let ratio = |cells: &[Vec<Sample>]| {
             let rps = |i: usize| cell(&cells[i]).0;
             pct(rps(memory) / rps(floor).max(1e-9))
