@@ -229,7 +229,9 @@ where
     W: Future<Output = Settled> + Send + 'static,
 {
     let (reply, answer) = oneshot::channel();
-    engine.spawn(async move {
+    // Boxed: the task then holds a pointer, not the handler's whole state, which spawning would
+    // copy several times over.
+    engine.spawn(Box::pin(async move {
         let (guard, stored, mut response) = match work.await {
             Settled::Now(response) => return drop(reply.send(response)),
             Settled::Later(later) => *later,
@@ -254,7 +256,7 @@ where
                 let _ = reply.send(response);
             }
         }
-    });
+    }));
     // The task answers unless the runtime shuts down under it.
     answer
         .await

@@ -39,10 +39,11 @@ struct Records {
 
 impl Records {
     fn insert(&mut self, key: &RecordKey, record: Record) {
-        if let Some(old) = self.by_key.insert(key.clone(), record.clone()) {
+        let retain_until = record.retain_until;
+        if let Some(old) = self.by_key.insert(key.clone(), record) {
             self.by_retention.remove(&(old.retain_until, key.clone()));
         }
-        self.by_retention.insert((record.retain_until, key.clone()));
+        self.by_retention.insert((retain_until, key.clone()));
     }
 
     fn remove(&mut self, key: &RecordKey) {
