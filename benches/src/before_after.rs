@@ -1,6 +1,7 @@
 //! `before-after`: two builds of the same server (`benches/before-after/server`, built from two
 //! commits by `benches/before-after/run`) loaded in turns, new keys and replays, so that a change's
-//! cost is a ratio measured in one run on one machine state.
+//! cost is a ratio measured in one run on one machine state. `before-after-requests` sends a fixed
+//! number of requests one after another, for the runner's instruction counts under callgrind.
 
 use crate::http::{seed, CONNECTIONS, REPLAY_KEYS};
 use crate::load::{interleaved, Bounds, Connections, Keys, Sample, Sliced};
@@ -80,4 +81,30 @@ pub(crate) fn header(cfg: &Config) {
     );
     println!("| store, cell | before, req/s | after, req/s | after ÷ before (range) | errors |");
     println!("|---|---|---|---|---|");
+}
+
+/// Sends `count` requests to `addr`'s `/idem` one after another on one connection: new keys (unique
+/// to this call), or replays of the seeded keys (seeding them first). Fails on any answer but 2xx.
+pub(crate) async fn requests(addr: SocketAddr, replay: bool, count: usize) -> Result<(), String> {
+    let keys = crate::http::replay_keys();
+    if replay {
+        seed(addr, "/idem", None).await?;
+    }
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut sender = crate::load::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    for i in 0..count {
+        let key = match replay {
+            true => keys[i % keys.len()].clone(),
+            false => format!("count-{run}-{i}"),
+        };
+        match crate::load::send(&mut sender, crate::load::post("/idem", &key)).await {
+            Some(status) if status.is_success() => {}
+            other => return Err(format!("request {i}: {other:?}")),
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,8 @@
 //! `IDEM_BENCH_REDIS_CLUSTER_URL` (see `cluster.rs`). Progress goes to stderr, the report to stdout.
 //!
 //! `before-after BEFORE AFTER LABEL` (two `host:port`) is the load side of
-//! `benches/before-after/run`, which builds and starts the two servers it compares.
+//! `benches/before-after/run`, which builds and starts the two servers it compares;
+//! `before-after-requests ADDR (new|replay) N` sends it N requests in a row.
 
 mod before_after;
 mod cluster;
@@ -21,7 +22,7 @@ mod roundtrips;
 mod store_level;
 mod stores;
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "all",
     "http",
     "store",
@@ -29,6 +30,7 @@ const SECTIONS: [&str; 7] = [
     "cluster",
     "before-after",
     "before-after-header",
+    "before-after-requests",
 ];
 
 fn main() {
@@ -58,11 +60,22 @@ async fn run(section: &str) {
         let addrs: Vec<std::net::SocketAddr> = args.iter().filter_map(|a| a.parse().ok()).collect();
         match (section, &addrs[..], args.get(2)) {
             ("before-after-header", _, _) => before_after::header(&cfg),
+            ("before-after-requests", [addr], Some(count)) => {
+                let replay = args.get(1).is_some_and(|kind| kind == "replay");
+                let count = count.parse().unwrap_or(0);
+                if let Err(e) = before_after::requests(*addr, replay, count).await {
+                    eprintln!("before-after-requests {addr}: {e}");
+                    std::process::exit(1);
+                }
+            }
             (_, [before, after], Some(label)) => {
                 before_after::run(*before, *after, label, &cfg).await
             }
             _ => {
-                eprintln!("usage: idem-bench before-after BEFORE_ADDR AFTER_ADDR LABEL");
+                eprintln!(
+                    "usage: idem-bench before-after BEFORE_ADDR AFTER_ADDR LABEL, \
+                     or idem-bench before-after-requests ADDR (new|replay) COUNT"
+                );
                 std::process::exit(2);
             }
         }
