@@ -51,6 +51,7 @@ impl DuplicateWait {
         }
         self.armed = false;
         if let Some(subscription) = &mut self.subscription {
+            tracing::debug!(target: "idem", "waiting for the identical request in flight");
             tokio::select! {
                 _ = subscription.changed() => {}
                 _ = timers.sleep_until(wake) => {}

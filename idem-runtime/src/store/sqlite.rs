@@ -49,8 +49,13 @@
 //! mode](crate::transaction) for each of the application's transactions, so idem's writes queue in
 //! order instead of contending for the file lock and sleeping in SQLite's busy handler. Writes from
 //! elsewhere (the application's own statements, another process) are waited out with
-//! `busy_timeout` (5 s by default, see [`SqliteStore::options`]). Reads (replays, lookups) run on
-//! the pool and never wait for the writer: under WAL they do not block on it.
+//! `busy_timeout` (5 s by default, see [`SqliteStore::options`]).
+//!
+//! Reads (replays, lookups) go to one reader task, likewise with a connection of its own, which
+//! answers everything queued with one `SELECT … WHERE (scope, key) IN (VALUES …)`. sqlx runs each
+//! statement on its connection's thread, and that hand-off, not the lookup, is most of a read's
+//! cost; shared, it is paid once per batch. Reads never wait for the writer: under WAL they do not
+//! block on it. The pool serves transactional mode, the purge and the application.
 //!
 //! # Wake-ups
 //!
@@ -143,14 +148,6 @@ WHERE idem_records.retain_until <= ?5
 RETURNING takeovers
 "#;
 
-/// One record by primary key, unless past retention at `?3`.
-const SELECT: &str = r#"
-SELECT fingerprint, token, created_at, expires_at, retain_until, state, lease_until,
-       status, headers, body
-FROM idem_records
-WHERE scope = ?1 AND key = ?2 AND retain_until > ?3
-"#;
-
 const COMPLETE: &str = r#"
 UPDATE idem_records
 SET state = 'completed', lease_until = NULL, status = ?4, headers = ?5, body = ?6
@@ -178,9 +175,9 @@ WHERE rowid IN (
 )
 "#;
 
-/// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads are one
-/// statement on the pool; writes are one statement each in the store's [batched
-/// transactions](self#concurrency).
+/// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads share
+/// statements in the store's [batched lookups](self#concurrency); writes are one statement each in
+/// its batched transactions.
 ///
 /// ```
 /// use idem_runtime::store::sqlite::SqliteStore;
@@ -202,6 +199,112 @@ pub struct SqliteStore {
     shared: Arc<Shared>,
     /// The queue of the store's writer task, which ends when the store is dropped.
     writes: mpsc::UnboundedSender<Write>,
+    /// The queue of the store's reader task, likewise.
+    reads: mpsc::UnboundedSender<Read>,
+}
+
+/// At most this many lookups share one statement.
+const MAX_READS: usize = 64;
+
+type Found = Result<Option<Record>, StoreError>;
+
+/// One lookup by primary key for the reader, and where to send the record found.
+struct Read {
+    scope: String,
+    key: String,
+    reply: oneshot::Sender<Found>,
+}
+
+/// The reader task: on a connection of its own, takes every lookup queued (up to [`MAX_READS`]) and
+/// answers them all with one `SELECT`. sqlx runs each statement on its connection's own thread, so
+/// lookups sent one by one would each pay that hand-off, which costs far more than the lookup. Ends
+/// when the store (the queue's sender) is gone.
+async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>) {
+    let mut conn: Option<SqliteConnection> = None;
+    let mut batch = Vec::with_capacity(MAX_READS);
+    // The statement for n lookups at index n - 1, made when first needed (and then cached by sqlx).
+    let mut statements: Vec<String> = Vec::new();
+    while queue.recv_many(&mut batch, MAX_READS).await > 0 {
+        batch.retain(|read| !read.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        while statements.len() < batch.len() {
+            statements.push(select_many(statements.len() + 1));
+        }
+        let mut query = sqlx::query(&statements[batch.len() - 1]);
+        for read in &batch {
+            query = query.bind(read.scope.as_str()).bind(read.key.as_str());
+        }
+        let rows = match own_connection(&pool, &mut conn).await {
+            Ok(conn) => query.fetch_all(conn).await,
+            Err(error) => Err(error),
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                let error = Arc::new(error);
+                for Read { reply, .. } in batch.drain(..) {
+                    let _ = reply.send(Err(StoreError::unavailable(error.clone())));
+                }
+                conn = None;
+                continue;
+            }
+        };
+        let found = by_key(&rows);
+        for Read { scope, key, reply } in batch.drain(..) {
+            let _ = reply.send(match &found {
+                Ok(found) => match found.get(&(scope, key)) {
+                    None => Ok(None),
+                    Some(Ok(record)) => Ok(Some(record.clone())),
+                    Some(Err(why)) => Err(StoreError::corrupt(why.clone())),
+                },
+                Err(error) => Err(corrupt(&error.to_string())),
+            });
+        }
+    }
+}
+
+/// Records found by the reader, by `(scope, key)`; a record that does not decode, as why.
+type ByKey = HashMap<(String, String), Result<Record, String>>;
+
+fn by_key(rows: &[SqliteRow]) -> Result<ByKey, sqlx::Error> {
+    rows.iter()
+        .map(|row| {
+            let id = (row.try_get("scope")?, row.try_get("key")?);
+            Ok((id, decode(row).map_err(|e| e.to_string())))
+        })
+        .collect()
+}
+
+/// The reader's or the writer's connection, opened with the pool's options when first needed.
+/// Closing the pool closes the store: the connection is then dropped and every call fails.
+async fn own_connection<'c>(
+    pool: &SqlitePool,
+    conn: &'c mut Option<SqliteConnection>,
+) -> Result<&'c mut SqliteConnection, sqlx::Error> {
+    if pool.is_closed() {
+        *conn = None;
+        return Err(sqlx::Error::PoolClosed);
+    }
+    if conn.is_none() {
+        *conn = Some(pool.connect_options().connect().await?);
+    }
+    conn.as_mut().ok_or(sqlx::Error::PoolClosed)
+}
+
+/// The lookup of `n` records by primary key: `(scope, key)` pairs bound as `?1, ?2`, `?3, ?4`, …
+/// Records past retention are returned too; [`SqliteStore::fetch`] hides them by the caller's clock.
+fn select_many(n: usize) -> String {
+    let pairs: Vec<String> = (0..n)
+        .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
+        .collect();
+    format!(
+        "SELECT scope, key, fingerprint, token, created_at, expires_at, retain_until, state,
+                lease_until, status, headers, body
+         FROM idem_records WHERE (scope, key) IN (VALUES {})",
+        pairs.join(", ")
+    )
 }
 
 /// At most this many writes share one transaction, so that a batch holds the lock only briefly.
@@ -220,7 +323,7 @@ struct Write {
 /// runs them in one `BEGIN IMMEDIATE … COMMIT` under the write gate, and answers each caller after
 /// the commit. Ends when the store (the queue's sender) is gone.
 async fn write_batches(
-    options: Arc<SqliteConnectOptions>,
+    pool: SqlitePool,
     gate: Arc<tokio::sync::Mutex<()>>,
     mut queue: mpsc::UnboundedReceiver<Write>,
 ) {
@@ -238,12 +341,9 @@ async fn write_batches(
                 Err(_) => break,
             }
         }
-        let result = match &mut conn {
-            Some(conn) => run_batch(conn, &mut batch).await,
-            None => match options.connect().await {
-                Ok(new) => run_batch(conn.insert(new), &mut batch).await,
-                Err(error) => Err(Arc::new(error)),
-            },
+        let result = match own_connection(&pool, &mut conn).await {
+            Ok(conn) => run_batch(conn, &mut batch).await,
+            Err(error) => Err(Arc::new(error)),
         };
         if let Err(error) = result {
             // Nothing was committed: the writes left hear so too. A fresh connection for the next
@@ -392,8 +492,8 @@ impl SqliteStore {
     /// idem's share one file), after applying idem's migrations to it.
     ///
     /// The pool is used as configured: build it from [`options`](Self::options) to get WAL and a
-    /// busy timeout. idem's writes go through one more connection, which its writer task opens
-    /// with the pool's connect options (see [Concurrency](self#concurrency)).
+    /// busy timeout. idem's reads and writes go through two more connections, which its reader
+    /// and writer tasks open with the pool's connect options (see [Concurrency](self#concurrency)).
     ///
     /// Migrating in the constructor means a store that exists has its schema; the migrator only
     /// reads `_sqlx_migrations` when there is nothing to do, and its statements are idempotent.
@@ -405,11 +505,14 @@ impl SqliteStore {
         let shared = shared_for(&pool);
         let (writes, queue) = mpsc::unbounded_channel();
         let gate = shared.write_gate.clone();
-        tokio::spawn(write_batches(pool.connect_options(), gate, queue));
+        tokio::spawn(write_batches(pool.clone(), gate, queue));
+        let (reads, queue) = mpsc::unbounded_channel();
+        tokio::spawn(read_batches(pool.clone(), queue));
         Ok(Self {
             shared,
             pool,
             writes,
+            reads,
         })
     }
 
@@ -424,19 +527,23 @@ impl SqliteStore {
         )])
     }
 
-    /// The pool, to share with the application or to close on shutdown.
+    /// The pool, to share with the application or to close on shutdown; closing it closes the store
+    /// (its reader and writer too).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
     async fn fetch(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(SELECT)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(now.as_millis())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(decode).transpose()
+        let stopped = || StoreError::unavailable("the SQLite store's reader has stopped");
+        let (reply, answer) = oneshot::channel();
+        let read = Read {
+            scope: key.scope().to_owned(),
+            key: key.key().to_owned(),
+            reply,
+        };
+        self.reads.send(read).map_err(|_| stopped())?;
+        let found = answer.await.map_err(|_| stopped())??;
+        Ok(found.filter(|record| !record.is_forgotten(now)))
     }
 
     /// Runs `query` in the writer's next transaction; its returned row, once that committed.
@@ -781,11 +888,14 @@ mod tests {
 
         let purge = plan(&store, PURGE, 2).await;
         assert!(purge.contains("idem_records_retain_until"), "{purge}");
-        let select = plan(&store, SELECT, 3).await;
-        assert!(
-            select.contains("SEARCH idem_records USING INDEX sqlite_autoindex_idem_records_1"),
-            "{select}"
-        );
+        for n in [1, 8] {
+            let select = plan(&store, &select_many(n), 2 * n).await;
+            assert!(
+                select.contains("SEARCH idem_records USING INDEX sqlite_autoindex_idem_records_1")
+                    && !select.contains("SCAN idem_records"),
+                "{select}"
+            );
+        }
         // The claim's conflict check goes through the primary key's index (an upsert has no plan
         // rows of its own); make sure that index is (scope, key).
         let claim_plan = plan(&store, CLAIM, 8).await;
@@ -1024,6 +1134,66 @@ mod tests {
         for (i, key) in keys.iter().enumerate() {
             assert_eq!(is_completed(&store, key).await, i != 4, "{key}");
         }
+    }
+
+    /// Lookups made together share the reader's statements, and each gets its own key's record:
+    /// completed and in-flight ones as stored, absent ones none, a key asked twice the same record
+    /// twice, and a record past retention at the caller's clock none, though its row is still there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lookups_made_together_each_get_their_own_record() {
+        let (_dir, _url, store) = temp_store().await;
+        let keys: Vec<RecordKey> = (0..12)
+            .map(|i| RecordKey::new("read", format!("k{i}")))
+            .collect();
+        let tokens = claimed(&store, &keys[..8]).await;
+        for (i, key) in keys[..4].iter().enumerate() {
+            let response = StoredResponse {
+                status: 200 + i as u16,
+                headers: vec![],
+                body: bytes::Bytes::from(format!("body {i}")),
+            };
+            store
+                .complete(key, tokens[i], &response)
+                .await
+                .expect("complete");
+        }
+        let mut asked: Vec<&RecordKey> = keys.iter().collect();
+        asked.push(&keys[2]);
+        let found =
+            futures_util::future::join_all(asked.iter().map(|key| store.get(key, NOW))).await;
+        for (key, found) in asked.iter().zip(found) {
+            let found = found.expect("read");
+            let i: usize = key.key()[1..].parse().expect("k<i>");
+            match (i, found) {
+                (0..4, Some(record)) => assert_eq!(
+                    record.state,
+                    RecordState::Completed {
+                        response: StoredResponse {
+                            status: 200 + i as u16,
+                            headers: vec![],
+                            body: bytes::Bytes::from(format!("body {i}")),
+                        }
+                    },
+                    "{key}"
+                ),
+                (4..8, Some(record)) => {
+                    assert_eq!(record.token, tokens[i], "{key}");
+                    assert!(
+                        matches!(record.state, RecordState::InFlight { .. }),
+                        "{key}"
+                    );
+                }
+                (8.., None) => {}
+                (_, other) => panic!("{key}: {other:?}"),
+            }
+        }
+        let later = NOW + Duration::from_secs(7200);
+        assert!(store.get(&keys[0], later).await.expect("read").is_none());
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 8, "hidden, not deleted");
     }
 
     /// A replay (and any record that stands) is answered while another connection holds the write

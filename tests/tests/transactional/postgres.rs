@@ -31,7 +31,7 @@ struct Postgres {
 /// The app on a fresh database; a pool of 24 connections (16 concurrent requests) unless `options`
 /// say otherwise.
 async fn setup(options: Option<PgPoolOptions>) -> Postgres {
-    count_statements();
+    count_waits();
     let db = TestDb::create().await;
     let options = options.unwrap_or_else(|| PostgresStore::pool_options().max_connections(24));
     let pool = options.connect_with(db.options()).await.expect("connect");
@@ -218,7 +218,7 @@ async fn a_busy_pool_answers_busy_not_unavailable() {
 /// busy, and nothing runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_database_answers_store_unavailable() {
-    count_statements();
+    count_waits();
     // A port that was just free: nothing listens on it.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())

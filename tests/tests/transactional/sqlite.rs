@@ -23,7 +23,7 @@ struct Sqlite {
 
 /// The app on a fresh file, its pool capped at `connections` if given.
 async fn setup(connections: Option<u32>) -> Sqlite {
-    count_statements();
+    count_waits();
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("app.db").display());
     let options = SqliteStore::options(&url).expect("options");

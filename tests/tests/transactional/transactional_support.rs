@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -469,23 +469,24 @@ fn completed_status(record: &Record) -> Option<u16> {
 // ---- Which duplicates wait ----
 //
 // A duplicate waits for the original holding neither a connection nor a lock, so the database
-// cannot show it waiting. Its statements can: sqlx logs each one (target `sqlx::query`, with the
-// rows it returned) inside the span of the request that sent it, also from SQLite's worker threads.
-// A duplicate reads the in-flight record, subscribes to its key, reads it again and sleeps; the
-// original reads it at most once (its claim). So a request that has read a record row twice has
-// subscribed, and counts as waited whenever the original ends.
+// cannot show it waiting. idem's log can: each time a duplicate goes to sleep until the original
+// ends, the engine logs "waiting for the identical request in flight" (target `idem`, debug) in the
+// span of the request that sent it.
 
 /// A group of requests whose waits a test counts.
 #[derive(Clone)]
 pub struct Waits(Arc<watch::Sender<usize>>);
 
-/// A request's count of record reads, kept in its span.
-struct Reads {
-    rows: AtomicUsize,
+/// Whether a request has waited yet, kept in its span, and the group it counts in.
+struct Waited {
+    yet: AtomicBool,
     group: Arc<watch::Sender<usize>>,
 }
 
 const REQUEST_SPAN: &str = "idem_tests::request";
+
+/// What the engine logs as a duplicate goes to sleep.
+const WAITING: &str = "waiting for the identical request in flight";
 
 /// Groups of requests announced by [`Waits::sent`], taken by their span when it opens.
 fn pending() -> &'static Mutex<HashMap<u64, Arc<watch::Sender<usize>>>> {
@@ -493,43 +494,28 @@ fn pending() -> &'static Mutex<HashMap<u64, Arc<watch::Sender<usize>>>> {
     PENDING.get_or_init(Default::default)
 }
 
-struct CountReads;
+struct CountWaits;
 
 #[derive(Default)]
 struct Fields {
     id: Option<u64>,
-    text: String,
-    rows_returned: u64,
+    message: String,
 }
 
 impl tracing::field::Visit for Fields {
     fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
-        match field.name() {
-            "id" => self.id = Some(value),
-            "rows_returned" => self.rows_returned = value,
-            _ => {}
+        if field.name() == "id" {
+            self.id = Some(value);
         }
     }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if matches!(field.name(), "summary" | "db.statement") {
-            self.text.push_str(value);
-            self.text.push('\n');
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
         }
-    }
-    fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
-}
-
-impl Fields {
-    /// A `SELECT` of idem's records that returned a row.
-    fn read_a_record(&self) -> bool {
-        let text = self.text.trim_start().trim_start_matches('(');
-        self.rows_returned > 0
-            && text.starts_with("SELECT")
-            && (text.contains("idem_records") || text.contains("idem.records"))
     }
 }
 
-impl<S> tracing_subscriber::Layer<S> for CountReads
+impl<S> tracing_subscriber::Layer<S> for CountWaits
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
@@ -545,8 +531,8 @@ where
             .id
             .and_then(|n| pending().lock().expect("pending").remove(&n));
         if let (Some(span), Some(group)) = (ctx.span(id), group) {
-            span.extensions_mut().insert(Reads {
-                rows: AtomicUsize::new(0),
+            span.extensions_mut().insert(Waited {
+                yet: AtomicBool::new(false),
                 group,
             });
         }
@@ -555,16 +541,16 @@ where
     fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
-        if !fields.read_a_record() {
+        if fields.message != WAITING {
             return;
         }
         let Some(scope) = ctx.event_scope(event) else {
             return;
         };
         for span in scope {
-            if let Some(reads) = span.extensions().get::<Reads>() {
-                if reads.rows.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
-                    reads.group.send_modify(|n| *n += 1);
+            if let Some(waited) = span.extensions().get::<Waited>() {
+                if !waited.yet.swap(true, Ordering::SeqCst) {
+                    waited.group.send_modify(|n| *n += 1);
                 }
                 return;
             }
@@ -572,25 +558,24 @@ where
     }
 }
 
-/// Installs the statement counter [`Waits`] reads, as the process's tracing subscriber. Call it
-/// before the first statement: a statement's callsite first used while no subscriber was set may
-/// keep that answer.
-pub fn count_statements() {
+/// Installs the wait counter [`Waits`] reads, as the process's tracing subscriber. Call it before
+/// the first request: a callsite first used while no subscriber was set may keep that answer.
+pub fn count_waits() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::Layer;
         let only = tracing_subscriber::filter::Targets::new()
-            .with_target("sqlx::query", tracing::Level::DEBUG)
+            .with_target("idem", tracing::Level::DEBUG)
             .with_target(REQUEST_SPAN, tracing::Level::INFO);
-        let subscriber = tracing_subscriber::registry().with(CountReads.with_filter(only));
+        let subscriber = tracing_subscriber::registry().with(CountWaits.with_filter(only));
         tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     });
 }
 
 impl Waits {
     pub fn new() -> Self {
-        count_statements();
+        count_waits();
         Self(Arc::new(watch::Sender::new(0)))
     }
 
