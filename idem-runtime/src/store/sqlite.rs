@@ -1159,8 +1159,19 @@ mod tests {
         }
         let mut asked: Vec<&RecordKey> = keys.iter().collect();
         asked.push(&keys[2]);
-        let found =
-            futures_util::future::join_all(asked.iter().map(|key| store.get(key, NOW))).await;
+        // Each lookup polled once, which queues it for the reader, before any is awaited.
+        let mut lookups: Vec<_> = asked
+            .iter()
+            .map(|key| Box::pin(store.get(key, NOW)))
+            .collect();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for lookup in &mut lookups {
+            let _ = lookup.as_mut().poll(&mut cx);
+        }
+        let mut found = Vec::new();
+        for lookup in lookups {
+            found.push(lookup.await);
+        }
         for (key, found) in asked.iter().zip(found) {
             let found = found.expect("read");
             let i: usize = key.key()[1..].parse().expect("k<i>");
