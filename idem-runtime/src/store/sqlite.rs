@@ -18,12 +18,12 @@
 //! - **Claim**: first a plain read by primary key: a record that stands (completed, in flight under a
 //!   live lease, another fingerprint, expired but retained) is returned from it, so replays take no
 //!   write lock. Otherwise one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention,
-//!   or can be taken over> RETURNING takeovers` decides atomically; the read is only a shortcut past
+//!   or can be taken over> RETURNING …, takeovers` decides atomically; the read is only a shortcut past
 //!   it, never the check it relies on. A returned row means this claim won (`takeovers > 0` tells a
 //!   takeover from a fresh record); no row means the record stays as it is, and it is then read by
 //!   primary key. If it vanished in between (released), the claim is tried again, a bounded number
-//!   of times. There is no select-then-insert anywhere, and writes run alone in autocommit mode or
-//!   in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they never
+//!   of times. There is no select-then-insert anywhere, and writes run as single statements in
+//!   autocommit mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they never
 //!   hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
 //!   regardless of the busy timeout.
 //! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
@@ -33,16 +33,19 @@
 //!
 //! # Concurrency
 //!
-//! SQLite has one writer at a time, and each commit costs far more than the statement it commits.
-//! So a store's writes (claims that need the upsert, completions, releases, renewals) go to one
-//! writer task with a connection of its own (besides the pool's), which takes everything queued
-//! and runs it in one transaction: each write's statement in order, then one `COMMIT`, and only
-//! then is each caller answered. A write that finds no record to apply to (fenced, or a claim that
-//! lost) is just that write's answer. Under load a write waits for the batch before it, at most
-//! one transaction's worth; alone it runs at once, as one statement in autocommit mode. Durability is unchanged: a caller told `Ok` has its
-//! write committed, and a batch that did not commit (a crash, an I/O error) answered nobody `Ok`.
-//! A caller that stops waiting (a timeout) is simply not answered; its write is skipped if its
-//! batch has not started, and otherwise commits or not with the batch.
+//! SQLite has one writer at a time, and sqlx runs each statement on its connection's own thread,
+//! a hand-off that costs far more than a small write. So a store's writes (claims that need the
+//! upsert, completions, releases, renewals) go to one writer task with a connection of its own
+//! (besides the pool's), which takes everything queued and applies the writes of each kind with
+//! one statement: one multi-row upsert for the claims, one `UPDATE … FROM (VALUES …)` for the
+//! completions, and so on. A statement commits on its own (it is atomic), and only then is each of
+//! its callers answered. A write that finds no record to apply to (fenced, or a claim that lost)
+//! is just that write's answer. If a statement fails on one write's data (a trigger of yours, a
+//! constraint), its writes run again one by one, so that only that one fails. Under load a write
+//! waits for the batch before it; alone it runs at once. Durability is unchanged: a caller told
+//! `Ok` has its write committed, and a statement that did not commit (a crash, an I/O error)
+//! answered nobody `Ok`. A caller that stops waiting (a timeout) is simply not answered; its write
+//! is skipped if its batch has not started, and otherwise commits or not with its statement.
 //!
 //! Within a process, every store handle on the same database file shares one write gate (a fair
 //! async mutex), taken by the writer for each batch and by [transactional
@@ -99,7 +102,7 @@ use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
     SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Row};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -115,56 +118,65 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// practice; it only rules out an unbounded loop.
 const CLAIM_ATTEMPTS: usize = 8;
 
-/// The claim, in one statement. `?5` is the claim's `now`. The `DO UPDATE` applies only to a record
-/// past retention (replaced as if absent: every column from the claim, `takeovers` reset) or to one
-/// that [can be taken over](super::Claim::can_take_over) (new token and lease; `created_at`,
-/// `expires_at` and `retain_until` kept; `takeovers` counted). All `SET` expressions read the row as
-/// it was before the update.
+/// The claim, for each `(scope, key, token, fingerprint, now, expires_at, retain_until, lease_until)`
+/// row. A row's `now` is stored as `created_at`, so `excluded.created_at` is the claim's `now`. The
+/// `DO UPDATE` applies only to a record past retention (replaced as if absent: every column from the
+/// claim, `takeovers` reset) or to one that [can be taken over](super::Claim::can_take_over) (new
+/// token and lease; `created_at`, `expires_at` and `retain_until` kept; `takeovers` counted). All
+/// `SET` expressions read the row as it was before the update. A second claim of a key within one
+/// statement finds the first's fresh record, which it cannot take.
 const CLAIM: &str = r#"
 INSERT INTO idem_records
-    (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until, takeovers)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'in_flight', ?8, 0)
+    (scope, key, token, fingerprint, created_at, expires_at, retain_until, state, lease_until, takeovers)
+VALUES {rows}
 ON CONFLICT (scope, key) DO UPDATE SET
     fingerprint  = excluded.fingerprint,
     token        = excluded.token,
     state        = 'in_flight',
     lease_until  = excluded.lease_until,
-    created_at   = CASE WHEN idem_records.retain_until <= ?5
+    created_at   = CASE WHEN idem_records.retain_until <= excluded.created_at
                         THEN excluded.created_at ELSE idem_records.created_at END,
-    expires_at   = CASE WHEN idem_records.retain_until <= ?5
+    expires_at   = CASE WHEN idem_records.retain_until <= excluded.created_at
                         THEN excluded.expires_at ELSE idem_records.expires_at END,
-    retain_until = CASE WHEN idem_records.retain_until <= ?5
+    retain_until = CASE WHEN idem_records.retain_until <= excluded.created_at
                         THEN excluded.retain_until ELSE idem_records.retain_until END,
-    takeovers    = CASE WHEN idem_records.retain_until <= ?5
+    takeovers    = CASE WHEN idem_records.retain_until <= excluded.created_at
                         THEN 0 ELSE idem_records.takeovers + 1 END,
     status       = NULL,
     headers      = NULL,
     body         = NULL
-WHERE idem_records.retain_until <= ?5
+WHERE idem_records.retain_until <= excluded.created_at
    OR (idem_records.state = 'in_flight'
-       AND idem_records.lease_until <= ?5
-       AND idem_records.fingerprint = ?3
-       AND ?5 < idem_records.expires_at)
-RETURNING takeovers
+       AND idem_records.lease_until <= excluded.created_at
+       AND idem_records.fingerprint = excluded.fingerprint
+       AND excluded.created_at < idem_records.expires_at)
+RETURNING scope, key, token, takeovers
 "#;
 
+/// The completion of each in-flight record still held by the row's token.
 const COMPLETE: &str = r#"
+WITH v (scope, key, token, status, headers, body) AS (VALUES {rows})
 UPDATE idem_records
-SET state = 'completed', lease_until = NULL, status = ?4, headers = ?5, body = ?6
-WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
-RETURNING 1
+SET state = 'completed', lease_until = NULL, status = v.status, headers = v.headers, body = v.body
+FROM v
+WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
+  AND idem_records.state = 'in_flight'
+RETURNING scope, key, token, 1
 "#;
 
 const RENEW: &str = r#"
-UPDATE idem_records SET lease_until = ?4
-WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
-RETURNING 1
+WITH v (scope, key, token, lease_until) AS (VALUES {rows})
+UPDATE idem_records SET lease_until = v.lease_until
+FROM v
+WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
+  AND idem_records.state = 'in_flight'
+RETURNING scope, key, token, 1
 "#;
 
 const RELEASE: &str = r#"
 DELETE FROM idem_records
-WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_flight'
-RETURNING 1
+WHERE (scope, key, token) IN (VALUES {rows}) AND state = 'in_flight'
+RETURNING scope, key, token, 1
 "#;
 
 /// At most `?2` records past retention at `?1`, oldest first, found through the `retain_until` index.
@@ -176,8 +188,8 @@ WHERE rowid IN (
 "#;
 
 /// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads share
-/// statements in the store's [batched lookups](self#concurrency); writes are one statement each in
-/// its batched transactions.
+/// statements in the store's [batched lookups](self#concurrency), and writes of a kind queued
+/// together share one statement.
 ///
 /// ```
 /// use idem_runtime::store::sqlite::SqliteStore;
@@ -293,46 +305,170 @@ async fn own_connection<'c>(
     conn.as_mut().ok_or(sqlx::Error::PoolClosed)
 }
 
-/// The lookup of `n` records by primary key: `(scope, key)` pairs bound as `?1, ?2`, `?3, ?4`, …
-/// Records past retention are returned too; [`SqliteStore::fetch`] hides them by the caller's clock.
+/// The lookup of `n` records by primary key, bound as `scope, key` pairs in order. Records past
+/// retention are returned too; [`SqliteStore::fetch`] hides them by the caller's clock.
 fn select_many(n: usize) -> String {
-    let pairs: Vec<String> = (0..n)
-        .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
-        .collect();
     format!(
         "SELECT scope, key, fingerprint, token, created_at, expires_at, retain_until, state,
                 lease_until, status, headers, body
          FROM idem_records WHERE (scope, key) IN (VALUES {})",
-        pairs.join(", ")
+        tuples(n, "(?, ?)")
     )
 }
 
-/// At most this many writes share one transaction, so that a batch holds the lock only briefly.
+/// `n` copies of `tuple`, comma-separated: the rows of a statement's `VALUES`.
+fn tuples(n: usize, tuple: &str) -> String {
+    vec![tuple; n].join(", ")
+}
+
+/// At most this many writes are taken from the queue at once.
 const MAX_BATCH: usize = 128;
 
-type Written = Result<Option<SqliteRow>, StoreError>;
+/// A write's answer: the value its statement returned for the record if it applied (a claim's
+/// `takeovers`, `1` for the others), none if it found nothing to apply to.
+type Written = Result<Option<i64>, StoreError>;
 
-/// One guarded write for the writer: a statement whose returned row (if any) says it applied, and
-/// where to send that once its transaction committed.
+/// One write for the writer, and where to send its answer once it committed.
 struct Write {
-    query: Query<'static, sqlx::Sqlite, SqliteArguments<'static>>,
+    row: Change,
     reply: oneshot::Sender<Written>,
 }
 
-/// The writer task: on a connection of its own, takes every write queued (up to [`MAX_BATCH`]),
-/// runs them in one `BEGIN IMMEDIATE … COMMIT` under the write gate, and answers each caller after
-/// the commit. Ends when the store (the queue's sender) is gone.
+/// A write's row in its kind's statement: the record it applies to, the token it holds or claims
+/// with, and its values.
+struct Change {
+    scope: String,
+    key: String,
+    token: i64,
+    values: Values,
+}
+
+enum Values {
+    Claim {
+        fingerprint: [u8; 32],
+        now: i64,
+        expires_at: i64,
+        retain_until: i64,
+        lease_until: i64,
+    },
+    Complete {
+        status: i64,
+        headers: String,
+        body: bytes::Bytes,
+    },
+    Renew {
+        lease_until: i64,
+    },
+    Release,
+}
+
+impl From<&Claim<'_>> for Values {
+    fn from(claim: &Claim<'_>) -> Self {
+        Values::Claim {
+            fingerprint: claim.fingerprint.0,
+            now: claim.now.as_millis(),
+            expires_at: claim.expires_at.as_millis(),
+            retain_until: claim.retain_until.as_millis(),
+            lease_until: claim.lease_until.as_millis(),
+        }
+    }
+}
+
+/// The kinds of write, in the order a batch applies them.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+enum Kind {
+    Release,
+    Complete,
+    Renew,
+    Claim,
+}
+
+impl Kind {
+    /// The statement that applies `n` writes of this kind.
+    fn statement(self, n: usize) -> String {
+        let (sql, tuple) = match self {
+            Kind::Claim => (CLAIM, "(?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0)"),
+            Kind::Complete => (COMPLETE, "(?, ?, ?, ?, ?, ?)"),
+            Kind::Renew => (RENEW, "(?, ?, ?, ?)"),
+            Kind::Release => (RELEASE, "(?, ?, ?)"),
+        };
+        sql.replace("{rows}", &tuples(n, tuple))
+    }
+}
+
+impl Change {
+    fn kind(&self) -> Kind {
+        match self.values {
+            Values::Claim { .. } => Kind::Claim,
+            Values::Complete { .. } => Kind::Complete,
+            Values::Renew { .. } => Kind::Renew,
+            Values::Release => Kind::Release,
+        }
+    }
+
+    fn bind<'q>(&'q self, query: SqliteQuery<'q>) -> SqliteQuery<'q> {
+        let query = query.bind(&self.scope).bind(&self.key).bind(self.token);
+        match &self.values {
+            Values::Claim {
+                fingerprint,
+                now,
+                expires_at,
+                retain_until,
+                lease_until,
+            } => query
+                .bind(&fingerprint[..])
+                .bind(now)
+                .bind(expires_at)
+                .bind(retain_until)
+                .bind(lease_until),
+            Values::Complete {
+                status,
+                headers,
+                body,
+            } => query.bind(status).bind(headers).bind(&body[..]),
+            Values::Renew { lease_until } => query.bind(lease_until),
+            Values::Release => query,
+        }
+    }
+
+    /// Whether a row returned by a statement (`scope, key, token, value`) is this write's.
+    fn is(&self, applied: &(String, String, i64, i64)) -> bool {
+        applied.2 == self.token && applied.1 == self.key && applied.0 == self.scope
+    }
+}
+
+type SqliteQuery<'q> = Query<'q, sqlx::Sqlite, SqliteArguments<'q>>;
+
+/// Runs `sql` for `rows` (autocommitted: one statement is atomic) and returns what it applied to.
+async fn apply(
+    conn: &mut SqliteConnection,
+    sql: &str,
+    rows: &[&Change],
+) -> Result<Vec<(String, String, i64, i64)>, sqlx::Error> {
+    let mut query = sqlx::query(sql);
+    for row in rows {
+        query = row.bind(query);
+    }
+    let applied = query.fetch_all(conn).await?;
+    applied
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+        .collect()
+}
+
+/// The writer task: on a connection of its own and under the write gate, takes every write queued
+/// (up to [`MAX_BATCH`]) and applies those of each kind with one statement, answering each caller
+/// once it committed. Ends when the store (the queue's sender) is gone.
 async fn write_batches(
     pool: SqlitePool,
     gate: Arc<tokio::sync::Mutex<()>>,
     mut queue: mpsc::UnboundedReceiver<Write>,
 ) {
     let mut conn: Option<SqliteConnection> = None;
+    // Each kind's statement for n writes, made when first needed (and then cached by sqlx).
+    let mut statements: HashMap<(Kind, usize), String> = HashMap::new();
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    loop {
-        if batch.is_empty() && queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            return;
-        }
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let _gate = gate.lock().await;
         // Whatever was queued while waiting for the gate joins this batch.
         while batch.len() < MAX_BATCH {
@@ -341,68 +477,81 @@ async fn write_batches(
                 Err(_) => break,
             }
         }
-        let result = match own_connection(&pool, &mut conn).await {
-            Ok(conn) => run_batch(conn, &mut batch).await,
-            Err(error) => Err(Arc::new(error)),
-        };
-        if let Err(error) = result {
-            // Nothing was committed: the writes left hear so too. A fresh connection for the next
-            // batch, in case this one is left inside a transaction that SQLite rolled back itself.
-            for Write { reply, .. } in batch.drain(..) {
-                let _ = reply.send(Err(StoreError::unavailable(error.clone())));
-            }
+        // A write whose caller has gone is skipped.
+        batch.retain(|write| !write.reply.is_closed());
+        let mut healthy = true;
+        // By kind; releases and completions first, so that claims queued beside them see their
+        // records go.
+        batch.sort_by_key(|write| write.row.kind());
+        while let Some(kind) = batch.first().map(|write| write.row.kind()) {
+            let n = batch.iter().take_while(|w| w.row.kind() == kind).count();
+            let group: Vec<Write> = batch.drain(..n).collect();
+            healthy &= match own_connection(&pool, &mut conn).await {
+                Ok(conn) => run_group(conn, &mut statements, kind, group).await,
+                Err(error) => answer_all(group, error),
+            };
+        }
+        if !healthy {
+            // A fresh connection for the next batch, in case this one is broken.
             conn = None;
         }
     }
 }
 
-/// Runs the writes of `batch` in order in one transaction and, once it committed, answers them,
-/// leaving `batch` with the writes still to run. A write whose caller has gone is skipped. A write
-/// whose statement fails gets its error and ends the transaction early (SQLite may have rolled it
-/// back on its own): the writes before it commit, those after it wait for the next transaction.
-/// An error means the transaction did not commit (its writes were told so).
-async fn run_batch(
+/// Applies `group` (writes of one `kind`) with one statement and answers each write. If that
+/// fails on one write's data (a trigger, a constraint), each then runs alone, so that only the
+/// failing one fails. Returns whether the connection is still sound.
+async fn run_group(
     conn: &mut SqliteConnection,
-    batch: &mut Vec<Write>,
-) -> Result<(), Arc<sqlx::Error>> {
-    if batch.len() == 1 {
-        // Alone, a write is its own transaction: autocommit spares the BEGIN and COMMIT.
-        if let Some(Write { query, reply }) = batch.pop().filter(|w| !w.reply.is_closed()) {
-            let _ = reply.send(query.fetch_optional(&mut *conn).await.map_err(Into::into));
-        }
-        return Ok(());
-    }
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let mut writes = std::mem::take(batch).into_iter();
-    let mut done = Vec::new();
-    for Write { query, reply } in writes.by_ref() {
-        if reply.is_closed() {
-            continue;
-        }
-        match query.fetch_optional(&mut *tx).await {
-            Ok(row) => done.push((reply, Ok(row))),
-            Err(error) => {
-                done.push((reply, Err(StoreError::from(error))));
-                break;
+    statements: &mut HashMap<(Kind, usize), String>,
+    kind: Kind,
+    group: Vec<Write>,
+) -> bool {
+    let rows: Vec<&Change> = group.iter().map(|write| &write.row).collect();
+    let sql = statements
+        .entry((kind, rows.len()))
+        .or_insert_with(|| kind.statement(rows.len()));
+    match apply(conn, sql, &rows).await {
+        Ok(applied) => {
+            for Write { row, reply } in group {
+                let value = applied.iter().find(|a| row.is(a)).map(|a| a.3);
+                let _ = reply.send(Ok(value));
             }
+            true
         }
-    }
-    batch.extend(writes);
-    match tx.commit().await {
-        Ok(()) => {
-            for (reply, written) in done {
-                let _ = reply.send(written);
+        Err(sqlx::Error::Database(error)) if rows.len() > 1 && !is_busy(&*error) => {
+            let sql = statements
+                .entry((kind, 1))
+                .or_insert_with(|| kind.statement(1));
+            for Write { row, reply } in group {
+                let written = apply(conn, sql, &[&row]).await;
+                let _ = reply.send(match written {
+                    Ok(applied) => Ok(applied.first().map(|a| a.3)),
+                    Err(error) => Err(error.into()),
+                });
             }
-            Ok(())
+            true
         }
-        Err(error) => {
-            let error = Arc::new(error);
-            for (reply, _) in done {
-                let _ = reply.send(Err(StoreError::unavailable(error.clone())));
-            }
-            Err(error)
-        }
+        Err(error) => answer_all(group, error),
     }
+}
+
+/// Answers every write of `group` with `error` (nothing of theirs committed); returns whether the
+/// connection is still sound, which it is after an error of the statement itself.
+fn answer_all(group: Vec<Write>, error: sqlx::Error) -> bool {
+    let sound = matches!(error, sqlx::Error::Database(_));
+    let error = Arc::new(error);
+    for Write { reply, .. } in group {
+        let _ = reply.send(Err(StoreError::unavailable(error.clone())));
+    }
+    sound
+}
+
+/// Whether SQLite failed for another connection's lock (`SQLITE_BUSY`, `SQLITE_LOCKED`) after
+/// `busy_timeout`: running the writes one by one would wait that long for each.
+fn is_busy(error: &dyn sqlx::error::DatabaseError) -> bool {
+    let code = error.code().and_then(|code| code.parse::<i32>().ok());
+    matches!(code.map(|code| code & 0xff), Some(5 | 6))
 }
 
 /// What every handle on one database file in this process shares.
@@ -546,15 +695,18 @@ impl SqliteStore {
         Ok(found.filter(|record| !record.is_forgotten(now)))
     }
 
-    /// Runs `query` in the writer's next transaction; its returned row, once that committed.
-    async fn write(
-        &self,
-        query: Query<'static, sqlx::Sqlite, SqliteArguments<'static>>,
-    ) -> Result<Option<SqliteRow>, StoreError> {
+    /// Queues `row` for the writer; its answer, once committed.
+    async fn write(&self, key: &RecordKey, token: FencingToken, values: Values) -> Written {
         let stopped = || StoreError::unavailable("the SQLite store's writer has stopped");
         let (reply, answer) = oneshot::channel();
+        let row = Change {
+            scope: key.scope().to_owned(),
+            key: key.key().to_owned(),
+            token: token.0,
+            values,
+        };
         self.writes
-            .send(Write { query, reply })
+            .send(Write { row, reply })
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
@@ -562,9 +714,11 @@ impl SqliteStore {
     /// A guarded write (`token = ? AND state = 'in_flight'`): fenced if it applied to no record.
     async fn write_guarded(
         &self,
-        query: Query<'static, sqlx::Sqlite, SqliteArguments<'static>>,
+        key: &RecordKey,
+        token: FencingToken,
+        values: Values,
     ) -> Result<(), StoreError> {
-        match self.write(query).await? {
+        match self.write(key, token, values).await? {
             Some(_) => Ok(()),
             None => Err(StoreError::fenced()),
         }
@@ -640,21 +794,7 @@ impl Store for SqliteStore {
             }
         }
         for _ in 0..CLAIM_ATTEMPTS {
-            let won = self
-                .write(
-                    sqlx::query(CLAIM)
-                        .bind(claim.key.scope().to_owned())
-                        .bind(claim.key.key().to_owned())
-                        .bind(claim.fingerprint.0.to_vec())
-                        .bind(claim.token.0)
-                        .bind(claim.now.as_millis())
-                        .bind(claim.expires_at.as_millis())
-                        .bind(claim.retain_until.as_millis())
-                        .bind(claim.lease_until.as_millis()),
-                )
-                .await?;
-            if let Some(row) = won {
-                let takeovers: i64 = row.try_get("takeovers").map_err(StoreError::corrupt)?;
+            if let Some(takeovers) = self.write(claim.key, claim.token, claim.into()).await? {
                 return Ok(ClaimOutcome::Claimed {
                     taken_over: takeovers > 0,
                 });
@@ -680,28 +820,18 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        self.write_guarded(
-            sqlx::query(COMPLETE)
-                .bind(key.scope().to_owned())
-                .bind(key.key().to_owned())
-                .bind(token.0)
-                .bind(i64::from(response.status))
-                .bind(response.encode_headers())
-                .bind(response.body.to_vec()),
-        )
-        .await?;
+        let values = Values::Complete {
+            status: i64::from(response.status),
+            headers: response.encode_headers(),
+            body: response.body.clone(),
+        };
+        self.write_guarded(key, token, values).await?;
         self.shared.waiters.notify(key);
         Ok(())
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        self.write_guarded(
-            sqlx::query(RELEASE)
-                .bind(key.scope().to_owned())
-                .bind(key.key().to_owned())
-                .bind(token.0),
-        )
-        .await?;
+        self.write_guarded(key, token, Values::Release).await?;
         self.shared.waiters.notify(key);
         Ok(())
     }
@@ -713,11 +843,11 @@ impl Store for SqliteStore {
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
         self.write_guarded(
-            sqlx::query(RENEW)
-                .bind(key.scope().to_owned())
-                .bind(key.key().to_owned())
-                .bind(token.0)
-                .bind(lease_until.as_millis()),
+            key,
+            token,
+            Values::Renew {
+                lease_until: lease_until.as_millis(),
+            },
         )
         .await
     }
@@ -769,13 +899,19 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(COMPLETE)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(token.0)
-            .bind(i64::from(response.status))
-            .bind(response.encode_headers())
-            .bind(&response.body[..])
+        let row = Change {
+            scope: key.scope().to_owned(),
+            key: key.key().to_owned(),
+            token: token.0,
+            values: Values::Complete {
+                status: i64::from(response.status),
+                headers: response.encode_headers(),
+                body: response.body.clone(),
+            },
+        };
+        let sql = Kind::Complete.statement(1);
+        let done = row
+            .bind(sqlx::query(&sql))
             .fetch_optional(&mut **tx)
             .await?;
         match done {
@@ -895,11 +1031,21 @@ mod tests {
                     && !select.contains("SCAN idem_records"),
                 "{select}"
             );
+            // Each kind of write finds its records by primary key. (The claim's conflict check
+            // goes through the primary key's index too, but an upsert has no plan rows of its own;
+            // the index is checked to be (scope, key) below.)
+            for kind in [Kind::Claim, Kind::Complete, Kind::Renew, Kind::Release] {
+                let sql = kind.statement(n);
+                let write = plan(&store, &sql, sql.matches('?').count()).await;
+                assert!(!write.contains("SCAN idem_records"), "{kind:?}: {write}");
+                if kind != Kind::Claim {
+                    assert!(
+                        write.contains("idem_records USING INDEX sqlite_autoindex_idem_records_1"),
+                        "{kind:?}: {write}"
+                    );
+                }
+            }
         }
-        // The claim's conflict check goes through the primary key's index (an upsert has no plan
-        // rows of its own); make sure that index is (scope, key).
-        let claim_plan = plan(&store, CLAIM, 8).await;
-        assert!(!claim_plan.contains("SCAN"), "{claim_plan}");
         let pk: Vec<String> = sqlx::query_scalar(
             "SELECT name FROM pragma_index_info('sqlite_autoindex_idem_records_1') ORDER BY seqno",
         )
@@ -1009,10 +1155,11 @@ mod tests {
         }
     }
 
-    type Pending<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+    type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+    type Pending<'a> = Boxed<'a, Result<(), StoreError>>;
 
     /// Polls each write once, which queues it for the writer (still waiting for the gate).
-    fn queue(writes: &mut [Pending<'_>]) {
+    fn queue<T>(writes: &mut [Boxed<'_, T>]) {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         for write in writes {
             assert!(
@@ -1045,11 +1192,11 @@ mod tests {
         matches!(record.state, RecordState::Completed { .. })
     }
 
-    /// Writes queued while the writer waits share one transaction: 16 completions commit together
+    /// Writes queued while the writer waits share one statement: 16 completions commit together
     /// (the log grows by a page or two, not by a commit each), a fenced one among them is only its
     /// own answer, a caller that stopped waiting has its write skipped, and reads go on meanwhile.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn queued_writes_share_one_transaction() {
+    async fn queued_writes_share_one_statement() {
         let (_dir, _url, store) = temp_store().await;
         let keys: Vec<RecordKey> = (0..17)
             .map(|i| RecordKey::new("batch", format!("k{i}")))
@@ -1097,8 +1244,40 @@ mod tests {
         assert!((1..16).contains(&frames), "{frames} pages logged");
     }
 
-    /// A write whose statement fails gets its error; the writes before it commit in its
-    /// transaction, those after it in the next one.
+    /// Claims queued together share one statement: of three on one key exactly one wins and the
+    /// others find its record untouched; a claim of another key beside them wins its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_queued_together_on_one_key_have_one_winner() {
+        let (_dir, _url, store) = temp_store().await;
+        let (shared, other) = (
+            RecordKey::new("batch", "shared"),
+            RecordKey::new("batch", "other"),
+        );
+        let claims: Vec<Claim<'_>> = [&shared, &shared, &shared, &other]
+            .into_iter()
+            .map(|key| claim(key, 1))
+            .collect();
+        let gate = store.shared.write_gate.lock().await;
+        let mut writes: Vec<Boxed<'_, Written>> = claims
+            .iter()
+            .map(|c| Box::pin(store.write(c.key, c.token, c.into())) as Boxed<'_, Written>)
+            .collect();
+        queue(&mut writes);
+        drop(gate);
+        let mut won = Vec::new();
+        for write in writes {
+            won.push(write.await.expect("claim") == Some(0));
+        }
+        assert_eq!(won.iter().filter(|&&w| w).count(), 2, "{won:?}");
+        assert!(won[3], "the other key's claim won");
+        let winner = won[..3].iter().position(|&w| w).expect("a winner");
+        let record = store.get(&shared, NOW).await.expect("get").expect("record");
+        assert_eq!(record.token, claims[winner].token);
+        assert!(matches!(record.state, RecordState::InFlight { .. }));
+    }
+
+    /// A write whose data fails its batch's statement (a trigger here) gets the error alone: the
+    /// others queued with it are applied one by one.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_write_fails_alone() {
         let (_dir, _url, store) = temp_store().await;
