@@ -55,7 +55,7 @@
 //! `busy_timeout` (5 s by default, see [`SqliteStore::options`]).
 //!
 //! Reads (replays, lookups) go to one reader task, likewise with a connection of its own, which
-//! answers everything queued with one `SELECT … WHERE (scope, key) IN (VALUES …)`. sqlx runs each
+//! answers everything queued with one `SELECT … WHERE (scope = ? AND key = ?) OR …`. sqlx runs each
 //! statement on its connection's thread, and that hand-off, not the lookup, is most of a read's
 //! cost; shared, it is paid once per batch. Reads never wait for the writer: under WAL they do not
 //! block on it. The pool serves transactional mode, the purge and the application.
@@ -175,7 +175,7 @@ RETURNING scope, key, token, 1
 
 const RELEASE: &str = r#"
 DELETE FROM idem_records
-WHERE (scope, key, token) IN (VALUES {rows}) AND state = 'in_flight'
+WHERE state = 'in_flight' AND ({rows})
 RETURNING scope, key, token, 1
 "#;
 
@@ -263,30 +263,16 @@ async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>
                 continue;
             }
         };
-        let found = by_key(&rows);
         for Read { scope, key, reply } in batch.drain(..) {
-            let _ = reply.send(match &found {
-                Ok(found) => match found.get(&(scope, key)) {
-                    None => Ok(None),
-                    Some(Ok(record)) => Ok(Some(record.clone())),
-                    Some(Err(why)) => Err(StoreError::corrupt(why.clone())),
-                },
-                Err(error) => Err(corrupt(&error.to_string())),
+            // Rows match a lookup's text exactly (the statement compared them), so a row whose
+            // scope or key does not read as text is no lookup's.
+            let row = rows.iter().find(|row| {
+                row.try_get::<&str, _>(0).is_ok_and(|s| s == scope)
+                    && row.try_get::<&str, _>(1).is_ok_and(|k| k == key)
             });
+            let _ = reply.send(row.map(decode).transpose());
         }
     }
-}
-
-/// Records found by the reader, by `(scope, key)`; a record that does not decode, as why.
-type ByKey = HashMap<(String, String), Result<Record, String>>;
-
-fn by_key(rows: &[SqliteRow]) -> Result<ByKey, sqlx::Error> {
-    rows.iter()
-        .map(|row| {
-            let id = (row.try_get("scope")?, row.try_get("key")?);
-            Ok((id, decode(row).map_err(|e| e.to_string())))
-        })
-        .collect()
 }
 
 /// The reader's or the writer's connection, opened with the pool's options when first needed.
@@ -311,14 +297,14 @@ fn select_many(n: usize) -> String {
     format!(
         "SELECT scope, key, fingerprint, token, created_at, expires_at, retain_until, state,
                 lease_until, status, headers, body
-         FROM idem_records WHERE (scope, key) IN (VALUES {})",
-        tuples(n, "(?, ?)")
+         FROM idem_records WHERE {}",
+        repeat(n, "(scope = ? AND key = ?)", " OR ")
     )
 }
 
-/// `n` copies of `tuple`, comma-separated: the rows of a statement's `VALUES`.
-fn tuples(n: usize, tuple: &str) -> String {
-    vec![tuple; n].join(", ")
+/// `n` copies of `item`, joined by `separator`.
+fn repeat(n: usize, item: &str, separator: &str) -> String {
+    vec![item; n].join(separator)
 }
 
 /// At most this many writes are taken from the queue at once.
@@ -386,13 +372,13 @@ enum Kind {
 impl Kind {
     /// The statement that applies `n` writes of this kind.
     fn statement(self, n: usize) -> String {
-        let (sql, tuple) = match self {
-            Kind::Claim => (CLAIM, "(?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0)"),
-            Kind::Complete => (COMPLETE, "(?, ?, ?, ?, ?, ?)"),
-            Kind::Renew => (RENEW, "(?, ?, ?, ?)"),
-            Kind::Release => (RELEASE, "(?, ?, ?)"),
+        let (sql, tuple, separator) = match self {
+            Kind::Claim => (CLAIM, "(?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0)", ", "),
+            Kind::Complete => (COMPLETE, "(?, ?, ?, ?, ?, ?)", ", "),
+            Kind::Renew => (RENEW, "(?, ?, ?, ?)", ", "),
+            Kind::Release => (RELEASE, "(scope = ? AND key = ? AND token = ?)", " OR "),
         };
-        sql.replace("{rows}", &tuples(n, tuple))
+        sql.replace("{rows}", &repeat(n, tuple, separator))
     }
 }
 
