@@ -37,15 +37,17 @@
 //! a hand-off that costs far more than a small write. So a store's writes (claims that need the
 //! upsert, completions, releases, renewals) go to one writer task with a connection of its own
 //! (besides the pool's), which takes everything queued and applies the writes of each kind with
-//! one statement: one multi-row upsert for the claims, one `UPDATE … FROM (VALUES …)` for the
-//! completions, and so on. A statement commits on its own (it is atomic), and only then is each of
-//! its callers answered. A write that finds no record to apply to (fenced, or a claim that lost)
-//! is just that write's answer. If a statement fails on one write's data (a trigger of yours, a
-//! constraint), its writes run again one by one, so that only that one fails. Under load a write
-//! waits for the batch before it; alone it runs at once. Durability is unchanged: a caller told
-//! `Ok` has its write committed, and a statement that did not commit (a crash, an I/O error)
-//! answered nobody `Ok`. A caller that stops waiting (a timeout) is simply not answered; its write
-//! is skipped if its batch has not started, and otherwise commits or not with its statement.
+//! one statement in one transaction: one multi-row upsert for the claims, one
+//! `UPDATE … FROM (VALUES …)` for the completions, and so on (a write alone is one statement in
+//! autocommit mode). Only once it committed is each caller answered. A write that finds no record
+//! to apply to (fenced, or a claim that lost) is just that write's answer. If the statement fails
+//! on one write's data (a trigger of yours, a constraint), the transaction is rolled back and its
+//! writes run again one by one, so that only that one fails. Two writes to one record under one
+//! token (a completion sent twice) go in turn, in queue order. Under load a write waits for the
+//! batch before it; alone it runs at once. Durability is unchanged: a caller told `Ok` has its
+//! write committed, and a transaction that did not commit (a crash, an I/O error) answered nobody
+//! `Ok`. A caller that stops waiting (a timeout) is simply not answered; its write is skipped if
+//! its batch has not started, and otherwise commits or not with the others.
 //!
 //! Within a process, every store handle on the same database file shares one write gate (a fair
 //! async mutex), taken by the writer for each batch and by [transactional
@@ -124,7 +126,8 @@ const CLAIM_ATTEMPTS: usize = 8;
 /// claim, `takeovers` reset) or to one that [can be taken over](super::Claim::can_take_over) (new
 /// token and lease; `created_at`, `expires_at` and `retain_until` kept; `takeovers` counted). All
 /// `SET` expressions read the row as it was before the update. A second claim of a key within one
-/// statement finds the first's fresh record, which it cannot take.
+/// statement finds the first's fresh record, which it takes only as it would in a statement of its
+/// own (past that record's lease or retention at its own `now`).
 const CLAIM: &str = r#"
 INSERT INTO idem_records
     (scope, key, token, fingerprint, created_at, expires_at, retain_until, state, lease_until, takeovers)
@@ -234,7 +237,7 @@ struct Read {
 async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>) {
     let mut conn: Option<SqliteConnection> = None;
     let mut batch = Vec::with_capacity(MAX_READS);
-    // The statement for n lookups at index n - 1, made when first needed (and then cached by sqlx).
+    // The statement for n lookups at index n - 1, made when first needed (sqlx keeps it prepared).
     let mut statements: Vec<String> = Vec::new();
     while queue.recv_many(&mut batch, MAX_READS).await > 0 {
         batch.retain(|read| !read.reply.is_closed());
@@ -417,44 +420,60 @@ impl Change {
         }
     }
 
-    /// Whether a row returned by a statement (`scope, key, token, value`) is this write's.
-    fn is(&self, applied: &(String, String, i64, i64)) -> bool {
-        applied.2 == self.token && applied.1 == self.key && applied.0 == self.scope
+    /// This write's answer in the rows its statement returned (`scope, key, token, value`).
+    fn answer(&self, rows: &[SqliteRow]) -> Written {
+        let row = rows.iter().find(|row| {
+            row.try_get::<i64, _>(2)
+                .is_ok_and(|token| token == self.token)
+                && row.try_get::<&str, _>(1).is_ok_and(|key| key == self.key)
+                && row
+                    .try_get::<&str, _>(0)
+                    .is_ok_and(|scope| scope == self.scope)
+        });
+        row.map(|row| row.try_get(3).map_err(StoreError::corrupt))
+            .transpose()
+    }
+
+    /// Whether `other` is a write to the same record under the same token.
+    fn repeats(&self, other: &Change) -> bool {
+        self.token == other.token && self.key == other.key && self.scope == other.scope
     }
 }
 
 type SqliteQuery<'q> = Query<'q, sqlx::Sqlite, SqliteArguments<'q>>;
 
-/// Runs `sql` for `rows` (autocommitted: one statement is atomic) and returns what it applied to.
+/// Runs `sql` for `rows` and returns the rows it returned.
 async fn apply(
     conn: &mut SqliteConnection,
     sql: &str,
     rows: &[&Change],
-) -> Result<Vec<(String, String, i64, i64)>, sqlx::Error> {
+) -> Result<Vec<SqliteRow>, sqlx::Error> {
     let mut query = sqlx::query(sql);
     for row in rows {
         query = row.bind(query);
     }
-    let applied = query.fetch_all(conn).await?;
-    applied
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
-        .collect()
+    query.fetch_all(conn).await
 }
 
 /// The writer task: on a connection of its own and under the write gate, takes every write queued
-/// (up to [`MAX_BATCH`]) and applies those of each kind with one statement, answering each caller
-/// once it committed. Ends when the store (the queue's sender) is gone.
+/// (up to [`MAX_BATCH`]) and applies those of each kind together, answering each caller once they
+/// committed. Ends when the store (the queue's sender) is gone.
 async fn write_batches(
     pool: SqlitePool,
     gate: Arc<tokio::sync::Mutex<()>>,
     mut queue: mpsc::UnboundedReceiver<Write>,
 ) {
     let mut conn: Option<SqliteConnection> = None;
-    // Each kind's statement for n writes, made when first needed (and then cached by sqlx).
+    // Each kind's statement for n writes, made when first needed; sqlx keeps the statements it
+    // used last prepared.
     let mut statements: HashMap<(Kind, usize), String> = HashMap::new();
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    let mut next = Vec::new();
+    loop {
+        batch.append(&mut next);
+        if batch.is_empty() && queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
         let _gate = gate.lock().await;
         // Whatever was queued while waiting for the gate joins this batch.
         while batch.len() < MAX_BATCH {
@@ -465,6 +484,16 @@ async fn write_batches(
         }
         // A write whose caller has gone is skipped.
         batch.retain(|write| !write.reply.is_closed());
+        // A second write to one record under one token waits for the next batch, so that it sees
+        // the first's effect (a second completion is fenced), as in queue order.
+        let mut i = 0;
+        while i < batch.len() {
+            if batch[..i].iter().any(|w| w.row.repeats(&batch[i].row)) {
+                next.push(batch.remove(i));
+            } else {
+                i += 1;
+            }
+        }
         let mut healthy = true;
         // By kind; releases and completions first, so that claims queued beside them see their
         // records go.
@@ -484,41 +513,70 @@ async fn write_batches(
     }
 }
 
-/// Applies `group` (writes of one `kind`) with one statement and answers each write. If that
-/// fails on one write's data (a trigger, a constraint), each then runs alone, so that only the
-/// failing one fails. Returns whether the connection is still sound.
+/// Applies `group` (writes of one `kind`) and answers each write; returns whether the connection is
+/// still sound. Several writes share one statement in one transaction (a statement that fails
+/// part-way, as a trigger's `RAISE(FAIL)` can make it, would otherwise keep its earlier rows). If
+/// that fails on one write's data (a trigger, a constraint), it is rolled back and each write runs
+/// alone, so that only the failing one fails.
 async fn run_group(
     conn: &mut SqliteConnection,
     statements: &mut HashMap<(Kind, usize), String>,
     kind: Kind,
     group: Vec<Write>,
 ) -> bool {
+    let n = group.len();
     let rows: Vec<&Change> = group.iter().map(|write| &write.row).collect();
-    let sql = statements
-        .entry((kind, rows.len()))
-        .or_insert_with(|| kind.statement(rows.len()));
-    match apply(conn, sql, &rows).await {
+    let sql = statements.entry((kind, n)).or_insert_with(|| {
+        let statement = kind.statement(n);
+        match n {
+            1 => statement,
+            _ => format!("BEGIN IMMEDIATE;{statement};COMMIT"),
+        }
+    });
+    let error = match apply(conn, sql, &rows).await {
         Ok(applied) => {
             for Write { row, reply } in group {
-                let value = applied.iter().find(|a| row.is(a)).map(|a| a.3);
-                let _ = reply.send(Ok(value));
+                let _ = reply.send(row.answer(&applied));
             }
-            true
+            return true;
         }
-        Err(sqlx::Error::Database(error)) if rows.len() > 1 && !is_busy(&*error) => {
+        Err(error) => error,
+    };
+    if n > 1 {
+        // Whatever failed, the transaction must not stay open; a connection that cannot roll it
+        // back is not used again. (With no transaction open, ROLLBACK fails harmlessly.)
+        if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
+            if !matches!(e, sqlx::Error::Database(_)) {
+                answer_all(group, error);
+                return false;
+            }
+        }
+    }
+    match error {
+        sqlx::Error::Database(e) if n > 1 && !is_busy(&*e) => {
             let sql = statements
                 .entry((kind, 1))
                 .or_insert_with(|| kind.statement(1));
-            for Write { row, reply } in group {
-                let written = apply(conn, sql, &[&row]).await;
-                let _ = reply.send(match written {
-                    Ok(applied) => Ok(applied.first().map(|a| a.3)),
-                    Err(error) => Err(error.into()),
-                });
+            let mut writes = group.into_iter();
+            while let Some(write) = writes.next() {
+                match apply(conn, sql, &[&write.row]).await {
+                    Ok(applied) => {
+                        let answer = write.row.answer(&applied);
+                        let _ = write.reply.send(answer);
+                    }
+                    Err(sqlx::Error::Database(e)) if !is_busy(&*e) => {
+                        let _ = write.reply.send(Err(sqlx::Error::Database(e).into()));
+                    }
+                    // Another connection's lock, or a broken connection: the writes left would
+                    // each meet it too.
+                    Err(error) => {
+                        return answer_all(std::iter::once(write).chain(writes).collect(), error)
+                    }
+                }
             }
             true
         }
-        Err(error) => answer_all(group, error),
+        error => answer_all(group, error),
     }
 }
 
@@ -577,9 +635,9 @@ impl SqliteStore {
     /// - `synchronous = NORMAL`: in WAL mode a commit is then not flushed to disk on its own; the
     ///   log is flushed at each checkpoint. The database cannot be corrupted, and an application
     ///   crash loses nothing; only a power loss or OS crash may lose the last commits (each commit
-    ///   holds a batch of concurrent writes, see [Concurrency](self#concurrency)). `FULL` makes each
-    ///   commit wait for an fsync (several times slower; batching shares one fsync among the
-    ///   writes of a batch). If a lost record after a power cut is worse than that cost for you
+    ///   holds the concurrent writes of one kind, see [Concurrency](self#concurrency)). `FULL` makes
+    ///   each commit wait for an fsync (several times slower; batching shares one fsync among the
+    ///   writes of a commit). If a lost record after a power cut is worse than that cost for you
     ///   (the handler's effect lives outside this file and must never run twice), set
     ///   `.synchronous(SqliteSynchronous::Full)`.
     /// - `busy_timeout = 5 s`: a statement that finds another connection writing waits for it
@@ -1269,41 +1327,77 @@ mod tests {
     }
 
     /// A write whose data fails its batch's statement (a trigger here) gets the error alone: the
-    /// others queued with it are applied one by one.
+    /// others queued with it are applied one by one and told so. With `RAISE(FAIL)`, which keeps
+    /// what a statement changed before failing, the batch's transaction is what keeps them from
+    /// being applied twice (and then told they were fenced).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_write_fails_alone() {
-        let (_dir, _url, store) = temp_store().await;
-        let keys: Vec<RecordKey> = (0..9)
-            .map(|i| RecordKey::new("batch", format!("k{i}")))
-            .collect();
-        let tokens = claimed(&store, &keys).await;
-        sqlx::query(
-            "CREATE TRIGGER poison BEFORE UPDATE ON idem_records WHEN NEW.key = 'k4'
-             BEGIN SELECT RAISE(ABORT, 'poisoned'); END",
-        )
-        .execute(store.pool())
-        .await
-        .expect("trigger");
-        let response = response();
-        let gate = store.shared.write_gate.lock().await;
-        let mut writes: Vec<Pending<'_>> = keys
-            .iter()
-            .zip(&tokens)
-            .map(|(key, token)| store.complete(key, *token, &response))
-            .collect();
-        queue(&mut writes);
-        drop(gate);
-        for (i, write) in writes.into_iter().enumerate() {
-            match write.await {
-                Ok(()) => assert_ne!(i, 4),
-                Err(e) => {
-                    assert_eq!(i, 4, "{e}");
-                    assert_eq!(e.kind(), super::super::StoreErrorKind::Unavailable);
+        for action in ["ABORT", "FAIL"] {
+            let (_dir, _url, store) = temp_store().await;
+            let keys: Vec<RecordKey> = (0..9)
+                .map(|i| RecordKey::new("batch", format!("k{i}")))
+                .collect();
+            let tokens = claimed(&store, &keys).await;
+            sqlx::query(&format!(
+                "CREATE TRIGGER poison BEFORE UPDATE ON idem_records WHEN NEW.key = 'k4'
+                 BEGIN SELECT RAISE({action}, 'poisoned'); END"
+            ))
+            .execute(store.pool())
+            .await
+            .expect("trigger");
+            let response = response();
+            let gate = store.shared.write_gate.lock().await;
+            let mut writes: Vec<Pending<'_>> = keys
+                .iter()
+                .zip(&tokens)
+                .map(|(key, token)| store.complete(key, *token, &response))
+                .collect();
+            queue(&mut writes);
+            drop(gate);
+            for (i, write) in writes.into_iter().enumerate() {
+                match write.await {
+                    Ok(()) => assert_ne!(i, 4, "{action}"),
+                    Err(e) => {
+                        assert_eq!(i, 4, "{action}: {e}");
+                        assert_eq!(e.kind(), super::super::StoreErrorKind::Unavailable);
+                    }
                 }
             }
+            for (i, key) in keys.iter().enumerate() {
+                assert_eq!(is_completed(&store, key).await, i != 4, "{action}: {key}");
+            }
         }
-        for (i, key) in keys.iter().enumerate() {
-            assert_eq!(is_completed(&store, key).await, i != 4, "{key}");
+    }
+
+    /// Two writes to one record under one token queued together go in turn, as in queue order:
+    /// the first completion is stored and the second is fenced, not both told `Ok`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeated_write_waits_for_the_next_batch() {
+        let (_dir, _url, store) = temp_store().await;
+        let keys = [RecordKey::new("batch", "k0"), RecordKey::new("batch", "k1")];
+        let tokens = claimed(&store, &keys).await;
+        let response = response();
+        let gate = store.shared.write_gate.lock().await;
+        let mut writes: Vec<Pending<'_>> = vec![
+            store.complete(&keys[0], tokens[0], &response),
+            store.complete(&keys[0], tokens[0], &response),
+            store.complete(&keys[1], tokens[1], &response),
+        ];
+        queue(&mut writes);
+        drop(gate);
+        let outcomes: Vec<Result<(), StoreError>> = {
+            let mut outcomes = Vec::new();
+            for write in writes {
+                outcomes.push(write.await);
+            }
+            outcomes
+        };
+        assert!(outcomes[0].is_ok(), "{:?}", outcomes[0]);
+        let fenced = outcomes[1].as_ref().expect_err("the repeat is fenced");
+        assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
+        assert!(outcomes[2].is_ok(), "{:?}", outcomes[2]);
+        for key in &keys {
+            assert!(is_completed(&store, key).await, "{key}");
         }
     }
 
