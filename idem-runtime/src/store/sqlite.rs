@@ -774,8 +774,8 @@ fn corrupt(what: &str) -> StoreError {
 }
 
 fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
-    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(StoreError::corrupt)?;
-    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+    let fingerprint: &[u8] = row.try_get("fingerprint").map_err(StoreError::corrupt)?;
+    let fingerprint = <[u8; 32]>::try_from(fingerprint)
         .map(Fingerprint)
         .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
     let millis = |column: &str| -> Result<Timestamp, StoreError> {
@@ -783,8 +783,8 @@ fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
             .map(Timestamp::from_millis)
             .map_err(StoreError::corrupt)
     };
-    let state: String = row.try_get("state").map_err(StoreError::corrupt)?;
-    let state = match state.as_str() {
+    let state: &str = row.try_get("state").map_err(StoreError::corrupt)?;
+    let state = match state {
         "in_flight" => {
             let lease_until: Option<i64> =
                 row.try_get("lease_until").map_err(StoreError::corrupt)?;
@@ -799,15 +799,15 @@ fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
             let status = status.ok_or_else(|| corrupt("completed record without status"))?;
             let status =
                 u16::try_from(status).map_err(|_| corrupt("status is not an HTTP status"))?;
-            let headers: Option<String> = row.try_get("headers").map_err(StoreError::corrupt)?;
-            let headers = StoredResponse::decode_headers(headers.as_deref().unwrap_or("[]"))
+            let headers: Option<&str> = row.try_get("headers").map_err(StoreError::corrupt)?;
+            let headers = StoredResponse::decode_headers(headers.unwrap_or("[]"))
                 .map_err(StoreError::corrupt)?;
-            let body: Option<Vec<u8>> = row.try_get("body").map_err(StoreError::corrupt)?;
+            let body: Option<&[u8]> = row.try_get("body").map_err(StoreError::corrupt)?;
             RecordState::Completed {
                 response: StoredResponse {
                     status,
                     headers,
-                    body: body.unwrap_or_default().into(),
+                    body: bytes::Bytes::copy_from_slice(body.unwrap_or_default()),
                 },
             }
         }
