@@ -43,8 +43,9 @@
 //! to apply to (fenced, or a claim that lost) is just that write's answer. If the statement fails
 //! on one write's data (a trigger of yours, a constraint), the transaction is rolled back and its
 //! writes run again one by one, so that only that one fails. Two writes to one record under one
-//! token (a completion sent twice) go in turn, in queue order. Under load a write waits for the
-//! batch before it; alone it runs at once. Durability is unchanged: a caller told `Ok` has its
+//! token (a completion sent twice) go in turn, in queue order. Before it takes a batch, the writer
+//! lets the tasks that are ready run, so that writes sent at nearly the same moment share it. Under
+//! load a write waits for the batch before it; alone it runs at once. Durability is unchanged: a caller told `Ok` has its
 //! write committed, and a transaction that did not commit (a crash, an I/O error) answered nobody
 //! `Ok`. A caller that stops waiting (a timeout) is simply not answered; its write is skipped if
 //! its batch has not started, and otherwise commits or not with the others.
@@ -240,6 +241,10 @@ async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>
     // The statement for n lookups at index n - 1, made when first needed (sqlx keeps it prepared).
     let mut statements: Vec<String> = Vec::new();
     while queue.recv_many(&mut batch, MAX_READS).await > 0 {
+        // Let the tasks that are ready run first (requests whose sockets have data): their
+        // lookups join this batch instead of waiting for the next one.
+        tokio::task::yield_now().await;
+        take_queued(&mut queue, &mut batch, MAX_READS);
         batch.retain(|read| !read.reply.is_closed());
         if batch.is_empty() {
             continue;
@@ -274,6 +279,16 @@ async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>
                     && row.try_get::<&str, _>(1).is_ok_and(|k| k == key)
             });
             let _ = reply.send(row.map(decode).transpose());
+        }
+    }
+}
+
+/// Moves what is queued now into `batch`, up to `max` in all, without waiting.
+fn take_queued<T>(queue: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<T>, max: usize) {
+    while batch.len() < max {
+        match queue.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
         }
     }
 }
@@ -474,14 +489,11 @@ async fn write_batches(
         if batch.is_empty() && queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
             return;
         }
+        // As for lookups: the writes of tasks that are ready join this batch.
+        tokio::task::yield_now().await;
         let _gate = gate.lock().await;
         // Whatever was queued while waiting for the gate joins this batch.
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(write) => batch.push(write),
-                Err(_) => break,
-            }
-        }
+        take_queued(&mut queue, &mut batch, MAX_BATCH);
         // A write whose caller has gone is skipped.
         batch.retain(|write| !write.reply.is_closed());
         // A second write to one record under one token waits for the next batch, so that it sees
