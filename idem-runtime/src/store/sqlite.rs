@@ -1397,13 +1397,10 @@ mod tests {
         ];
         queue(&mut writes);
         drop(gate);
-        let outcomes: Vec<Result<(), StoreError>> = {
-            let mut outcomes = Vec::new();
-            for write in writes {
-                outcomes.push(write.await);
-            }
-            outcomes
-        };
+        let mut outcomes = Vec::new();
+        for write in writes {
+            outcomes.push(write.await);
+        }
         assert!(outcomes[0].is_ok(), "{:?}", outcomes[0]);
         let fenced = outcomes[1].as_ref().expect_err("the repeat is fenced");
         assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
