@@ -15,17 +15,21 @@
 //!
 //! # How the contract is kept
 //!
-//! - **Claim**: first a plain read by primary key: a record that stands (completed, in flight under a
-//!   live lease, another fingerprint, expired but retained) is returned from it, so replays take no
-//!   write lock. Otherwise one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention,
-//!   or can be taken over> RETURNING …, takeovers` decides atomically; the read is only a shortcut past
-//!   it, never the check it relies on. A returned row means this claim won (`takeovers > 0` tells a
-//!   takeover from a fresh record); no row means the record stays as it is, and it is then read by
-//!   primary key. If it vanished in between (released), the claim is tried again, a bounded number
-//!   of times. There is no select-then-insert anywhere, and writes run as single statements in
-//!   autocommit mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they never
-//!   hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
-//!   regardless of the busy timeout.
+//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention, or can be
+//!   taken over> RETURNING …, takeovers` decides atomically. A returned row means this claim won
+//!   (`takeovers > 0` tells a takeover from a fresh record); no row means the record stays as it
+//!   is, and the same call then reads it by primary key for the answer. If it vanished in between
+//!   (released), the claim is tried again, a bounded number of times. A key this process claimed
+//!   lately (a retry, a duplicate) is likely to stand, so it is read first: a record that stands
+//!   (completed, in flight under a live lease, another fingerprint, expired but retained) is
+//!   returned from that read, and replays take no write lock. A new key goes straight to the claim,
+//!   one trip to the database. Which path a key takes is only a guess, from a fixed table of the
+//!   hashes of recent keys (64k slots, 512 KiB per database file); the claim statement is the check
+//!   either relies on, and a retry the table does not know (after a restart) gets the same answer
+//!   from the claim's call, after waiting for the write lock like a new key. There is no select-then-insert anywhere, and writes run as single statements
+//!   in autocommit mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up
+//!   front, so they never hit the read-to-write upgrade that makes deferred transactions fail with
+//!   `SQLITE_BUSY` regardless of the busy timeout.
 //! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
 //!   'in_flight'`; no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
 //! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
@@ -33,22 +37,22 @@
 //!
 //! # Concurrency
 //!
-//! SQLite has one writer at a time, and sqlx runs each statement on its connection's own thread,
-//! a hand-off that costs far more than a small write. So a store's writes (claims that need the
-//! upsert, completions, releases, renewals) go to one writer task with a connection of its own
-//! (besides the pool's), which takes everything queued and applies the writes of each kind with
-//! one statement in one transaction: one multi-row upsert for the claims, one
-//! `UPDATE … FROM (VALUES …)` for the completions, and so on (a write alone is one statement in
-//! autocommit mode). Only once it committed is each caller answered. A write that finds no record
-//! to apply to (fenced, or a claim that lost) is just that write's answer. If the statement fails
-//! on one write's data (a trigger of yours, a constraint), the transaction is rolled back and its
-//! writes run again one by one, so that only that one fails. Two writes to one record under one
-//! token (a completion sent twice) go in turn, in queue order. Before it takes a batch, the writer
-//! lets the tasks that are ready run, so that writes sent at nearly the same moment share it. Under
-//! load a write waits for the batch before it; alone it runs at once. Durability is unchanged: a caller told `Ok` has its
-//! write committed, and a transaction that did not commit (a crash, an I/O error) answered nobody
-//! `Ok`. A caller that stops waiting (a timeout) is simply not answered; its write is skipped if
-//! its batch has not started, and otherwise commits or not with the others.
+//! SQLite has one writer at a time, and sqlx runs each statement on its connection's own thread, a
+//! hand-off that costs far more than a small write. So a store's writes (claims, completions,
+//! releases, renewals) go to one writer task with a connection of its own (besides the pool's),
+//! which takes everything queued and applies the writes of each kind with one statement in one
+//! transaction: one multi-row upsert for the claims, one `UPDATE … FROM (VALUES …)` for the
+//! completions, and so on (a write alone is one statement in autocommit mode). Only once it
+//! committed is each caller answered. A write that finds no record to apply to (fenced, or a claim
+//! that lost) is just that write's answer. If the statement fails on one write's data (a trigger of
+//! yours, a constraint), the transaction is rolled back and its writes run again one by one, so
+//! that only that one fails. Two writes to one record under one token (a completion sent twice) go
+//! in turn, in queue order. Before it takes a batch, the writer lets the tasks that are ready run,
+//! so that writes sent at nearly the same moment share it. Under load a write waits for the batch
+//! before it; alone it runs at once. Durability is unchanged: a caller told `Ok` has its write
+//! committed, and a transaction that did not commit (a crash, an I/O error) answered nobody `Ok`. A
+//! caller that stops waiting (a timeout) is simply not answered; its write is skipped if its batch
+//! has not started, and otherwise commits or not with the others.
 //!
 //! Within a process, every store handle on the same database file shares one write gate (a fair
 //! async mutex), taken by the writer for each batch and by [transactional
@@ -57,11 +61,13 @@
 //! elsewhere (the application's own statements, another process) are waited out with
 //! `busy_timeout` (5 s by default, see [`SqliteStore::options`]).
 //!
-//! Reads (replays, lookups) go to one reader task, likewise with a connection of its own, which
-//! answers everything queued with one `SELECT … WHERE (scope = ? AND key = ?) OR …`. sqlx runs each
-//! statement on its connection's thread, and that hand-off, not the lookup, is most of a read's
-//! cost; shared, it is paid once per batch. Reads never wait for the writer: under WAL they do not
-//! block on it. The pool serves transactional mode, the purge and the application.
+//! Reads (lookups, and the claims of keys claimed lately) go to one reader task, likewise with a
+//! connection of its own, which answers everything queued with one `SELECT … WHERE (scope = ? AND
+//! key = ?) OR …`. sqlx runs each statement on its connection's thread, and that hand-off, not the
+//! lookup, is most of a read's cost; shared, it is paid once per batch. That hand-off is also why a
+//! new key's claim skips the read: the claim's own call reads the record if the claim loses. Reads
+//! never wait for the writer: under WAL they do not block on it. The pool serves transactional
+//! mode, the purge and the application.
 //!
 //! # Wake-ups
 //!
@@ -107,8 +113,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Row};
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -272,15 +280,24 @@ async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>
             }
         };
         for Read { scope, key, reply } in batch.drain(..) {
-            // Rows match a lookup's text exactly (the statement compared them), so a row whose
-            // scope or key does not read as text is no lookup's.
-            let row = rows.iter().find(|row| {
-                row.try_get::<&str, _>(0).is_ok_and(|s| s == scope)
-                    && row.try_get::<&str, _>(1).is_ok_and(|k| k == key)
-            });
+            let row = record_of(rows.iter(), &scope, &key);
             let _ = reply.send(row.map(decode).transpose());
         }
     }
+}
+
+/// The row of record (`scope`, `key`) among rows that start with `scope, key`. Rows match a lookup's
+/// text exactly (the statement compared them), so a row whose scope or key does not read as text is
+/// no lookup's.
+fn record_of<'r>(
+    mut rows: impl Iterator<Item = &'r SqliteRow>,
+    scope: &str,
+    key: &str,
+) -> Option<&'r SqliteRow> {
+    rows.find(|row| {
+        row.try_get::<&str, _>(0).is_ok_and(|s| s == scope)
+            && row.try_get::<&str, _>(1).is_ok_and(|k| k == key)
+    })
 }
 
 /// Moves what is queued now into `batch`, up to `max` in all, without waiting.
@@ -312,11 +329,15 @@ async fn own_connection<'c>(
 /// The lookup of `n` records by primary key, bound as `scope, key` pairs in order. Records past
 /// retention are returned too; [`SqliteStore::fetch`] hides them by the caller's clock.
 fn select_many(n: usize) -> String {
+    select_where(&repeat(n, "(scope = ? AND key = ?)", " OR "))
+}
+
+/// The records that match `condition`, every column.
+fn select_where(condition: &str) -> String {
     format!(
         "SELECT scope, key, fingerprint, token, created_at, expires_at, retain_until, state,
                 lease_until, status, headers, body
-         FROM idem_records WHERE {}",
-        repeat(n, "(scope = ? AND key = ?)", " OR ")
+         FROM idem_records WHERE {condition}"
     )
 }
 
@@ -328,9 +349,18 @@ fn repeat(n: usize, item: &str, separator: &str) -> String {
 /// At most this many writes are taken from the queue at once.
 const MAX_BATCH: usize = 128;
 
-/// A write's answer: the value its statement returned for the record if it applied (a claim's
-/// `takeovers`, `1` for the others), none if it found nothing to apply to.
-type Written = Result<Option<i64>, StoreError>;
+/// A write's answer, once its statement committed.
+type Written = Result<Answer, StoreError>;
+
+/// What a write's statement did.
+#[derive(Debug)]
+enum Answer {
+    /// It applied to its record: the value it returned (a claim's `takeovers`, `1` for the others).
+    Applied(i64),
+    /// It found nothing to apply to. For a claim, the record that stood, read in the same call
+    /// (none if it was gone by then).
+    Stood(Option<Record>),
+}
 
 /// One write for the writer, and where to send its answer once it committed.
 struct Write {
@@ -396,7 +426,17 @@ impl Kind {
             Kind::Renew => (RENEW, "(?, ?, ?, ?)", ", "),
             Kind::Release => (RELEASE, "(scope = ? AND key = ? AND token = ?)", " OR "),
         };
-        sql.replace("{rows}", &repeat(n, tuple, separator))
+        let statement = sql.replace("{rows}", &repeat(n, tuple, separator));
+        match self {
+            // In the same call, each claim's record unless it is the claim's own in-flight one
+            // (a claim that won), for the claims that did not win.
+            Kind::Claim => {
+                let record = "(scope = ? AND key = ? AND (token <> ? OR state <> 'in_flight'))";
+                let lost = repeat(n, record, " OR ");
+                format!("{statement};{}", select_where(&lost))
+            }
+            _ => statement,
+        }
     }
 }
 
@@ -435,9 +475,11 @@ impl Change {
         }
     }
 
-    /// This write's answer in the rows its statement returned (`scope, key, token, value`).
+    /// This write's answer in the rows its statement returned (`scope, key, token, value`), followed
+    /// for claims by the rows of the records read after it.
     fn answer(&self, rows: &[SqliteRow]) -> Written {
-        let row = rows.iter().find(|row| {
+        // Returned rows have four columns, records read more.
+        let row = rows.iter().filter(|row| row.len() == 4).find(|row| {
             row.try_get::<i64, _>(2)
                 .is_ok_and(|token| token == self.token)
                 && row.try_get::<&str, _>(1).is_ok_and(|key| key == self.key)
@@ -445,8 +487,17 @@ impl Change {
                     .try_get::<&str, _>(0)
                     .is_ok_and(|scope| scope == self.scope)
         });
-        row.map(|row| row.try_get(3).map_err(StoreError::corrupt))
-            .transpose()
+        match row {
+            Some(row) => row
+                .try_get(3)
+                .map(Answer::Applied)
+                .map_err(StoreError::corrupt),
+            None => {
+                let read = rows.iter().filter(|row| row.len() > 4);
+                let stood = record_of(read, &self.scope, &self.key);
+                stood.map(decode).transpose().map(Answer::Stood)
+            }
+        }
     }
 
     /// Whether `other` is a write to the same record under the same token.
@@ -466,6 +517,12 @@ async fn apply(
     let mut query = sqlx::query(sql);
     for row in rows {
         query = row.bind(query);
+    }
+    // Claims are followed by the read of the records they did not win.
+    if rows.first().is_some_and(|row| row.kind() == Kind::Claim) {
+        for row in rows {
+            query = query.bind(&row.scope).bind(&row.key).bind(row.token);
+        }
     }
     query.fetch_all(conn).await
 }
@@ -618,6 +675,38 @@ struct Shared {
     /// lock and back off in its busy handler (which sleeps in growing steps).
     /// Shared (`Arc`) so that a transaction can hold it until it ends.
     write_gate: Arc<tokio::sync::Mutex<()>>,
+    /// The keys claimed lately, for [`SqliteStore::claim`] to guess which path a claim takes.
+    recent: Recent,
+}
+
+/// How many keys [`Recent`] holds at most (8 bytes each).
+const RECENT_SLOTS: usize = 1 << 16;
+
+/// The keys claimed lately in this process, as hashes in a fixed table of slots: a key is forgotten
+/// when another key that falls in its slot is claimed. Only a guess of whether a key's record
+/// stands, so a wrong answer costs time, never correctness.
+#[derive(Debug)]
+struct Recent {
+    hasher: RandomState,
+    slots: Box<[AtomicU64]>,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent {
+            hasher: RandomState::new(),
+            slots: (0..RECENT_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Recent {
+    /// Remembers `key`; says whether it was remembered already.
+    fn insert(&self, key: &RecordKey) -> bool {
+        let hash = self.hasher.hash_one((key.scope(), key.key()));
+        let slot = &self.slots[hash as usize % RECENT_SLOTS];
+        slot.swap(hash, Ordering::Relaxed) == hash
+    }
 }
 
 /// The shared state of each open database file, by canonical path (in-memory databases by their
@@ -775,8 +864,8 @@ impl SqliteStore {
         values: Values,
     ) -> Result<(), StoreError> {
         match self.write(key, token, values).await? {
-            Some(_) => Ok(()),
-            None => Err(StoreError::fenced()),
+            Answer::Applied(_) => Ok(()),
+            Answer::Stood(_) => Err(StoreError::fenced()),
         }
     }
 }
@@ -841,27 +930,32 @@ impl Store for SqliteStore {
         "sqlite"
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        // Replays, mismatches and in-flight duplicates are answered by a plain read, which under WAL
-        // takes neither the write gate nor the file's write lock. Only a key that is absent, past
-        // retention or up for takeover goes on to the claim statement, which decides atomically.
-        if let Some(record) = self.fetch(claim.key, claim.now).await? {
-            if !claim.can_take_over(&record) {
-                return Ok(ClaimOutcome::Existing(record));
+        // A key claimed lately in this process is likely to stand (a retry, a duplicate): it is
+        // read first, which under WAL takes neither the write gate nor the file's write lock, and
+        // goes on to the claim statement only if absent, past retention or up for takeover. Any
+        // other key goes straight to the claim statement. Either way that statement decides.
+        if self.shared.recent.insert(claim.key) {
+            if let Some(record) = self.fetch(claim.key, claim.now).await? {
+                if !claim.can_take_over(&record) {
+                    return Ok(ClaimOutcome::Existing(record));
+                }
             }
         }
         for _ in 0..CLAIM_ATTEMPTS {
-            if let Some(takeovers) = self.write(claim.key, claim.token, claim.into()).await? {
-                return Ok(ClaimOutcome::Claimed {
-                    taken_over: takeovers > 0,
-                });
-            }
-            // The record stood. Read it; if it was released (or replaced by something this claim
-            // may take) in between, claim again.
-            match self.fetch(claim.key, claim.now).await? {
-                Some(record) if !claim.can_take_over(&record) => {
+            match self.write(claim.key, claim.token, claim.into()).await? {
+                Answer::Applied(takeovers) => {
+                    return Ok(ClaimOutcome::Claimed {
+                        taken_over: takeovers > 0,
+                    })
+                }
+                Answer::Stood(Some(record))
+                    if !record.is_forgotten(claim.now) && !claim.can_take_over(&record) =>
+                {
                     return Ok(ClaimOutcome::Existing(record))
                 }
-                _ => continue,
+                // The record stood but was gone (released) or became one this claim may take by
+                // the time it was read: claim again.
+                Answer::Stood(_) => continue,
             }
         }
         Err(StoreError::unavailable(format!(
@@ -1097,8 +1191,18 @@ mod tests {
             // goes through the primary key's index too, but an upsert has no plan rows of its own;
             // the index is checked to be (scope, key) below.)
             for kind in [Kind::Claim, Kind::Complete, Kind::Renew, Kind::Release] {
-                let sql = kind.statement(n);
-                let write = plan(&store, &sql, sql.matches('?').count()).await;
+                let statement = kind.statement(n);
+                // A claim's call goes on to read the records of the claims that lost.
+                let (sql, read) = statement.split_once(';').unwrap_or((&statement, ""));
+                if !read.is_empty() {
+                    let read = plan(&store, read, read.matches('?').count()).await;
+                    assert!(
+                        read.contains("idem_records USING INDEX sqlite_autoindex_idem_records_1")
+                            && !read.contains("SCAN idem_records"),
+                        "{kind:?} read: {read}"
+                    );
+                }
+                let write = plan(&store, sql, sql.matches('?').count()).await;
                 assert!(!write.contains("SCAN idem_records"), "{kind:?}: {write}");
                 if kind != Kind::Claim {
                     assert!(
@@ -1307,7 +1411,8 @@ mod tests {
     }
 
     /// Claims queued together share one statement: of three on one key exactly one wins and the
-    /// others find its record untouched; a claim of another key beside them wins its own.
+    /// others are answered with its record, read in the same call; a claim of another key beside
+    /// them wins its own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn claims_queued_together_on_one_key_have_one_winner() {
         let (_dir, _url, store) = temp_store().await;
@@ -1326,16 +1431,63 @@ mod tests {
             .collect();
         queue(&mut writes);
         drop(gate);
-        let mut won = Vec::new();
+        let mut answers = Vec::new();
         for write in writes {
-            won.push(write.await.expect("claim") == Some(0));
+            answers.push(write.await.expect("claim"));
         }
-        assert_eq!(won.iter().filter(|&&w| w).count(), 2, "{won:?}");
+        let won: Vec<bool> = answers
+            .iter()
+            .map(|answer| matches!(answer, Answer::Applied(0)))
+            .collect();
+        assert_eq!(won.iter().filter(|&&w| w).count(), 2, "{answers:?}");
         assert!(won[3], "the other key's claim won");
         let winner = won[..3].iter().position(|&w| w).expect("a winner");
         let record = store.get(&shared, NOW).await.expect("get").expect("record");
         assert_eq!(record.token, claims[winner].token);
         assert!(matches!(record.state, RecordState::InFlight { .. }));
+        for (i, answer) in answers[..3].iter().enumerate() {
+            if i != winner {
+                assert!(
+                    matches!(answer, Answer::Stood(Some(stood)) if *stood == record),
+                    "{answer:?}"
+                );
+            }
+        }
+    }
+
+    /// A key this process has not claimed goes straight to the claim statement: one the database
+    /// already holds (from before a restart) is answered with its record, untouched, whether the
+    /// request is the same or another, and even to a claim under the record's own token (an engine
+    /// claiming again after a completion whose answer it lost).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_after_a_restart_finds_the_record() {
+        let (_dir, url, store) = temp_store().await;
+        let key = RecordKey::new("restart", "k");
+        let first = claim(&key, 1);
+        assert!(matches!(
+            store.claim(&first).await.expect("claim"),
+            ClaimOutcome::Claimed { .. }
+        ));
+        store
+            .complete(&key, first.token, &response())
+            .await
+            .expect("complete");
+        let before = store.get(&key, NOW).await.expect("get").expect("record");
+        drop(store);
+        let store = SqliteStore::connect(&url).await.expect("reopen");
+        let same_token = Claim { ..first };
+        for retry in [same_token, claim(&key, 1), claim(&key, 2)] {
+            match store.claim(&retry).await.expect("claim") {
+                ClaimOutcome::Existing(record) => assert_eq!(record, before),
+                other => panic!("{other:?}"),
+            }
+        }
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 1);
+        assert_eq!(store.get(&key, NOW).await.expect("get"), Some(before));
     }
 
     /// A write whose data fails its batch's statement (a trigger here) gets the error alone: the
@@ -1481,8 +1633,9 @@ mod tests {
         assert_eq!(rows, 8, "hidden, not deleted");
     }
 
-    /// A replay (and any record that stands) is answered while another connection holds the write
-    /// lock: it is a plain read, so it neither takes the write gate nor waits for the writer.
+    /// A replay of a key claimed lately (and any such record that stands) is answered while another
+    /// connection holds the write lock: it is a plain read, so it neither takes the write gate nor
+    /// waits for the writer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn replays_are_read_past_a_writer() {
         let (_dir, url, store) = temp_store().await;
