@@ -18,18 +18,22 @@
 //! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention, or can be
 //!   taken over> RETURNING …, takeovers` decides atomically. A returned row means this claim won
 //!   (`takeovers > 0` tells a takeover from a fresh record); no row means the record stays as it
-//!   is, and the same call then reads it by primary key for the answer. If it vanished in between
-//!   (released), the claim is tried again, a bounded number of times. A key this process claimed
-//!   lately (a retry, a duplicate) is likely to stand, so it is read first: a record that stands
-//!   (completed, in flight under a live lease, another fingerprint, expired but retained) is
-//!   returned from that read, and replays take no write lock. A new key goes straight to the claim,
-//!   one trip to the database. Which path a key takes is only a guess, from a fixed table of the
-//!   hashes of recent keys (64k slots, 512 KiB per database file); the claim statement is the check
-//!   either relies on, and a retry the table does not know (after a restart) gets the same answer
-//!   from the claim's call, after waiting for the write lock like a new key. There is no select-then-insert anywhere, and writes run as single statements
-//!   in autocommit mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up
-//!   front, so they never hit the read-to-write upgrade that makes deferred transactions fail with
-//!   `SQLITE_BUSY` regardless of the busy timeout.
+//!   is, and the same call reads it by primary key, in the same transaction, for the answer. So a
+//!   new key costs one trip to the database.
+//!
+//!   A key this process claimed lately (a retry, a waiting duplicate) is likely to stand, so its
+//!   claim reads first: a record that stands (completed, in flight under a live lease, another
+//!   fingerprint, expired but retained) is returned from that read, which takes no write lock.
+//!   Which path a key takes is only a guess, from a fixed table of the hashes of recent keys (64k
+//!   slots, 512 KiB per database file); the claim statement is the check either relies on. A retry
+//!   the table does not know (after a restart, or a key claimed by another process) gets the same
+//!   answer from the claim's call, but waits for the write lock like a new key: behind a
+//!   transactional-mode transaction, or another connection's write for up to `busy_timeout`.
+//!
+//!   There is no select-then-insert anywhere, and writes run as single statements in autocommit
+//!   mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they
+//!   never hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
+//!   regardless of the busy timeout.
 //! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
 //!   'in_flight'`; no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
 //! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
@@ -418,6 +422,18 @@ enum Kind {
 }
 
 impl Kind {
+    /// What the writer sends for `n` writes of this kind: [`statement`](Self::statement), in a
+    /// transaction if it is several writes (a statement that fails part-way, as a trigger's
+    /// `RAISE(FAIL)` can make it, keeps its earlier rows) or a claim (whose read must not fail
+    /// after its upsert committed, or a claim that won would be told it failed).
+    fn transaction(self, n: usize) -> String {
+        let statement = self.statement(n);
+        match (self, n) {
+            (Kind::Claim, _) | (_, 2..) => format!("BEGIN IMMEDIATE;{statement};COMMIT"),
+            _ => statement,
+        }
+    }
+
     /// The statement that applies `n` writes of this kind.
     fn statement(self, n: usize) -> String {
         let (sql, tuple, separator) = match self {
@@ -583,10 +599,9 @@ async fn write_batches(
 }
 
 /// Applies `group` (writes of one `kind`) and answers each write; returns whether the connection is
-/// still sound. Several writes share one statement in one transaction (a statement that fails
-/// part-way, as a trigger's `RAISE(FAIL)` can make it, would otherwise keep its earlier rows). If
-/// that fails on one write's data (a trigger, a constraint), it is rolled back and each write runs
-/// alone, so that only the failing one fails.
+/// still sound. The writes share one statement ([`Kind::transaction`]). If that fails on one
+/// write's data (a trigger, a constraint), it is rolled back and each write runs alone, so that
+/// only the failing one fails.
 async fn run_group(
     conn: &mut SqliteConnection,
     statements: &mut HashMap<(Kind, usize), String>,
@@ -595,13 +610,9 @@ async fn run_group(
 ) -> bool {
     let n = group.len();
     let rows: Vec<&Change> = group.iter().map(|write| &write.row).collect();
-    let sql = statements.entry((kind, n)).or_insert_with(|| {
-        let statement = kind.statement(n);
-        match n {
-            1 => statement,
-            _ => format!("BEGIN IMMEDIATE;{statement};COMMIT"),
-        }
-    });
+    let sql = statements
+        .entry((kind, n))
+        .or_insert_with(|| kind.transaction(n));
     let error = match apply(conn, sql, &rows).await {
         Ok(applied) => {
             for Write { row, reply } in group {
@@ -611,21 +622,15 @@ async fn run_group(
         }
         Err(error) => error,
     };
-    if n > 1 {
-        // Whatever failed, the transaction must not stay open; a connection that cannot roll it
-        // back is not used again. (With no transaction open, ROLLBACK fails harmlessly.)
-        if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
-            if !matches!(e, sqlx::Error::Database(_)) {
-                answer_all(group, error);
-                return false;
-            }
-        }
+    if roll_back(conn).await.is_err() {
+        answer_all(group, error);
+        return false;
     }
     match error {
         sqlx::Error::Database(e) if n > 1 && !is_busy(&*e) => {
             let sql = statements
                 .entry((kind, 1))
-                .or_insert_with(|| kind.statement(1));
+                .or_insert_with(|| kind.transaction(1));
             let mut writes = group.into_iter();
             while let Some(write) = writes.next() {
                 match apply(conn, sql, &[&write.row]).await {
@@ -635,6 +640,9 @@ async fn run_group(
                     }
                     Err(sqlx::Error::Database(e)) if !is_busy(&*e) => {
                         let _ = write.reply.send(Err(sqlx::Error::Database(e).into()));
+                        if let Err(error) = roll_back(conn).await {
+                            return answer_all(writes.collect(), error);
+                        }
                     }
                     // Another connection's lock, or a broken connection: the writes left would
                     // each meet it too.
@@ -646,6 +654,15 @@ async fn run_group(
             true
         }
         error => answer_all(group, error),
+    }
+}
+
+/// Ends the transaction a failed statement may have left open (with none open, `ROLLBACK` fails
+/// harmlessly). An error means the connection could not, and is not to be used again.
+async fn roll_back(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    match sqlx::query("ROLLBACK").execute(conn).await {
+        Ok(_) | Err(sqlx::Error::Database(_)) => Ok(()),
+        Err(error) => Err(error),
     }
 }
 
@@ -731,7 +748,8 @@ impl SqliteStore {
     /// Connection options for `url` with idem's settings, for [`connect_with`](Self::connect_with)
     /// after any changes of your own:
     ///
-    /// - `journal_mode = WAL`: readers (replays, lookups) never block on the writer, and a commit
+    /// - `journal_mode = WAL`: reads (lookups, replays of keys claimed lately) never block on the
+    ///   writer, and a commit
     ///   appends to the log instead of rewriting pages.
     /// - `synchronous = NORMAL`: in WAL mode a commit is then not flushed to disk on its own; the
     ///   log is flushed at each checkpoint. The database cannot be corrupted, and an application
@@ -953,9 +971,15 @@ impl Store for SqliteStore {
                 {
                     return Ok(ClaimOutcome::Existing(record))
                 }
-                // The record stood but was gone (released) or became one this claim may take by
-                // the time it was read: claim again.
-                Answer::Stood(_) => continue,
+                // The read left the record out: it is in flight under this claim's own token (a
+                // claim sent again, as the engine does after losing an answer). Read it as a
+                // lookup would; claim again if it went meanwhile.
+                Answer::Stood(_) => match self.fetch(claim.key, claim.now).await? {
+                    Some(record) if !claim.can_take_over(&record) => {
+                        return Ok(ClaimOutcome::Existing(record))
+                    }
+                    _ => continue,
+                },
             }
         }
         Err(StoreError::unavailable(format!(
@@ -1190,6 +1214,15 @@ mod tests {
             // Each kind of write finds its records by primary key. (The claim's conflict check
             // goes through the primary key's index too, but an upsert has no plan rows of its own;
             // the index is checked to be (scope, key) below.)
+            // As many placeholders as `apply` binds (sqlx would bind a missing one as NULL).
+            for (kind, binds) in [(Kind::Claim, 11), (Kind::Complete, 6), (Kind::Renew, 4)] {
+                assert_eq!(
+                    kind.transaction(n).matches('?').count(),
+                    binds * n,
+                    "{kind:?}"
+                );
+            }
+            assert_eq!(Kind::Release.transaction(n).matches('?').count(), 3 * n);
             for kind in [Kind::Claim, Kind::Complete, Kind::Renew, Kind::Release] {
                 let statement = kind.statement(n);
                 // A claim's call goes on to read the records of the claims that lost.
@@ -1458,7 +1491,7 @@ mod tests {
     /// A key this process has not claimed goes straight to the claim statement: one the database
     /// already holds (from before a restart) is answered with its record, untouched, whether the
     /// request is the same or another, and even to a claim under the record's own token (an engine
-    /// claiming again after a completion whose answer it lost).
+    /// claiming again after an answer it lost), completed or in flight.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_after_a_restart_finds_the_record() {
         let (_dir, url, store) = temp_store().await;
@@ -1482,11 +1515,35 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        // A record in flight under the claim's own token, which the claim's read leaves out.
+        let running = RecordKey::new("restart", "running");
+        let held = claim(&running, 1);
+        let reopened = SqliteStore::connect(&url).await.expect("another handle");
+        sqlx::query(
+            "INSERT INTO idem_records (scope, key, token, fingerprint, created_at, expires_at,
+                 retain_until, state, lease_until)
+             VALUES (?, ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
+        )
+        .bind(running.scope())
+        .bind(running.key())
+        .bind(held.token.0)
+        .bind(&held.fingerprint.0[..])
+        .bind(NOW.as_millis())
+        .bind(held.expires_at.as_millis())
+        .bind(held.retain_until.as_millis())
+        .bind(held.lease_until.as_millis())
+        .execute(reopened.pool())
+        .await
+        .expect("insert");
+        match store.claim(&Claim { ..held }).await.expect("claim") {
+            ClaimOutcome::Existing(record) => assert_eq!(record.token, held.token),
+            other => panic!("{other:?}"),
+        }
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
             .fetch_one(store.pool())
             .await
             .expect("count");
-        assert_eq!(rows, 1);
+        assert_eq!(rows, 2);
         assert_eq!(store.get(&key, NOW).await.expect("get"), Some(before));
     }
 
@@ -1531,6 +1588,52 @@ mod tests {
                 assert_eq!(is_completed(&store, key).await, i != 4, "{action}: {key}");
             }
         }
+    }
+
+    /// Likewise for claims, which run in a transaction even alone (their read follows the upsert):
+    /// a claim that fails alone is rolled back, and the writer's next transaction starts cleanly.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_claim_fails_alone() {
+        let (_dir, _url, store) = temp_store().await;
+        sqlx::query(
+            "CREATE TRIGGER poison BEFORE INSERT ON idem_records WHEN NEW.key = 'k4'
+             BEGIN SELECT RAISE(ABORT, 'poisoned'); END",
+        )
+        .execute(store.pool())
+        .await
+        .expect("trigger");
+        let keys: Vec<RecordKey> = (0..10)
+            .map(|i| RecordKey::new("batch", format!("k{i}")))
+            .collect();
+        let claims: Vec<Claim<'_>> = keys[..9].iter().map(|key| claim(key, 1)).collect();
+        let gate = store.shared.write_gate.lock().await;
+        let mut writes: Vec<Boxed<'_, Result<ClaimOutcome, StoreError>>> = claims
+            .iter()
+            .map(|c| Box::pin(store.claim(c)) as Boxed<'_, _>)
+            .collect();
+        queue(&mut writes);
+        drop(gate);
+        for (i, write) in writes.into_iter().enumerate() {
+            match write.await {
+                Ok(outcome) => {
+                    assert_ne!(i, 4);
+                    assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+                }
+                Err(e) => assert_eq!(i, 4, "{e}"),
+            }
+        }
+        // Alone, then a claim of another key on the same connection.
+        assert!(store.claim(&claim(&keys[4], 1)).await.is_err());
+        let last = store.claim(&claim(&keys[9], 1)).await.expect("claim");
+        assert_eq!(last, ClaimOutcome::Claimed { taken_over: false });
+        let stored: Vec<String> = sqlx::query_scalar("SELECT key FROM idem_records ORDER BY key")
+            .fetch_all(store.pool())
+            .await
+            .expect("keys");
+        assert_eq!(
+            stored,
+            ["k0", "k1", "k2", "k3", "k5", "k6", "k7", "k8", "k9"]
+        );
     }
 
     /// Two writes to one record under one token queued together go in turn, as in queue order:
