@@ -966,11 +966,9 @@ impl Store for SqliteStore {
                         taken_over: takeovers > 0,
                     })
                 }
-                Answer::Stood(Some(record))
-                    if !record.is_forgotten(claim.now) && !claim.can_take_over(&record) =>
-                {
-                    return Ok(ClaimOutcome::Existing(record))
-                }
+                // Read in the upsert's transaction: neither past retention nor up for takeover,
+                // or the upsert would have taken it.
+                Answer::Stood(Some(record)) => return Ok(ClaimOutcome::Existing(record)),
                 // The read left the record out: it is in flight under this claim's own token (a
                 // claim sent again, as the engine does after losing an answer). Read it as a
                 // lookup would; claim again if it went meanwhile.
