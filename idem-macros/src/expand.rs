@@ -15,7 +15,7 @@
 //! pub async fn create(
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request, __idem_engine):
+//!     ::idem_runtime::__private::WithBody(__idem_last, __idem_request, __idem_engine):
 //!         ::idem_runtime::__private::WithBody<Json<New>, { ::idem_runtime::__private::Policy::new().max_request_body }>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
@@ -27,10 +27,11 @@
 //!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
 //!     let __idem_scope: ::std::borrow::Cow<'static, str> =
 //!         ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
-//!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move {
-//!         let __idem_ret: Result<Json<Payment>, AppError> = { BODY };
-//!         __idem_ret
-//!     })
+//!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, __idem_last,
+//!         move |Json(req): Json<New>| async move {
+//!             let __idem_ret: Result<Json<Payment>, AppError> = { BODY };
+//!             __idem_ret
+//!         })
 //!     .await
 //! }
 //! ```
@@ -41,12 +42,16 @@
 //! `TxState<T>` requires `T: TxHandle`, so a wrong type is reported at the parameter's type), and
 //! the call becomes
 //! `::idem_runtime::__private::run_transactional(__idem_engine, &__IDEM_POLICY, __idem_scope,
-//! __idem_request, move |mut tx: Tx<Postgres>| async move { ... })`: the runtime claims the key in
-//! a transaction and only then calls the closure with it.
+//! __idem_request, __idem_last, move |mut tx: Tx<Postgres>, Json(req): Json<New>| async move { ... })`:
+//! the runtime claims the key in a transaction and only then calls the closure with it.
 //!
 //! Why each piece looks the way it does:
 //! - The last parameter is wrapped in `WithBody`, which takes the engine from the router state,
-//!   buffers the body, fingerprints it and hands the bytes to the parameter's own extractor. The
+//!   buffers the body, fingerprints it and prepares the parameter's own extractor on the bytes
+//!   (`Deferred`). The runtime runs that extractor once the key is claimed, so a replay never runs
+//!   it, and hands the value to the closure, whose parameter is the user's pattern. A last
+//!   parameter that is the `scope` parameter is extracted before the claim instead
+//!   (`Deferred::now`, its rejection returned), as the key needs its value. The
 //!   engine travels there rather than as a parameter of its own: the handler's type, which the
 //!   compiler prints when a router refuses the handler, then lists the user's parameters only
 //!   (the engine's type is `WithBody`'s default type argument, which is not printed).
@@ -89,6 +94,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     let p = quote_spanned!(def=> ::idem_runtime::__private);
     let engine = Ident::new("__idem_engine", def);
     let request = Ident::new("__idem_request", def);
+    let last_var = Ident::new("__idem_last", def);
     let scope_var = Ident::new("__idem_scope", def);
     let policy_const = Ident::new("__IDEM_POLICY", def);
     let ItemFn {
@@ -144,6 +150,14 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         ),
     };
     let probes = probes(&p, &inputs);
+    // The last parameter is extracted once the key is claimed, inside the runtime, which hands it
+    // to the closure below; unless it is the scope parameter, whose value the key needs first.
+    let scope_is_last = match (&config.scope, &last) {
+        (ScopeSource::Param(ident, _), Some(pt)) => {
+            matches!(&*pt.pat, syn::Pat::Ident(pi) if pi.ident.unraw() == ident.unraw())
+        }
+        _ => false,
+    };
     let scope_id = match config.scope {
         ScopeSource::Global => quote_spanned!(def=> ::std::borrow::Cow::Borrowed(#p::GLOBAL_SCOPE)),
         ScopeSource::Param(mut ident, ty_span) => {
@@ -153,16 +167,33 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         }
     };
     let body = body(&sig.output, &block);
-    let args = quote_spanned!(def=> #engine, &#policy_const, #scope_var, #request);
+    let (extract_now, last_arg, last_param) = match scope_is_last {
+        true => (
+            quote_spanned!(def=>
+                let #pat: #ty = match #p::Deferred::now(#last_var).await {
+                    ::core::result::Result::Ok(value) => value,
+                    ::core::result::Result::Err(rejection) => return rejection,
+                };
+            ),
+            quote_spanned!(def=> #p::Deferred::ready(())),
+            quote_spanned!(def=> (): ()),
+        ),
+        false => (
+            TokenStream::new(),
+            last_var.to_token_stream(),
+            quote_spanned!(def=> #pat: #ty),
+        ),
+    };
+    let args = quote_spanned!(def=> #engine, &#policy_const, #scope_var, #request, #last_arg);
     let run = match &tx {
-        None => quote_spanned!(def=> #p::run(#args, async move #body)),
+        None => quote_spanned!(def=> #p::run(#args, move |#last_param| async move #body)),
         Some(PatType { pat, ty, .. }) => {
             let run = quote_spanned!(ty.span()=> ::idem_runtime::__private::run_transactional);
-            quote_spanned!(def=> #run(#args, move |#pat: #ty| async move #body))
+            quote_spanned!(def=> #run(#args, move |#pat: #ty, #last_param| async move #body))
         }
     };
     sig.inputs = parse_quote_spanned!(def=>
-        #(#inputs,)* #(#attrs_last)* #p::WithBody(#pat, #request, #engine): #wrapper,
+        #(#inputs,)* #(#attrs_last)* #p::WithBody(#last_var, #request, #engine): #wrapper,
     );
     sig.output = parse_quote_spanned!(def=> -> #p::Response);
     quote_spanned! {def=>
@@ -171,6 +202,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         #vis #sig {
             const #policy_const: #p::Policy = #policy;
             #probes
+            #extract_now
             let #scope_var: ::std::borrow::Cow<'static, str> = #scope_id;
             #run.await
         }
@@ -373,8 +405,15 @@ mod tests {
             ),
         );
         assert!(out.contains(
-            "async fn create (State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (Json (req) , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
+            "async fn create (State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (__idem_last , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
         ), "{out}");
+        assert!(
+            out.contains(
+                "__idem_request , __idem_last , move | Json (req) : Json < New > | async move {"
+            ),
+            "the last parameter is extracted after the claim: {out}"
+        );
+        assert!(!out.contains("Deferred :: now"), "{out}");
         assert!(out.contains(
             "= :: idem_runtime :: __private :: Policy :: new () . ttl (:: idem_runtime :: __private :: Duration :: from_millis (3600000u64)) . server_errors (:: idem_runtime :: __private :: ServerErrors :: Store) . handler (\"create\") . checked () ;"
         ), "{out}");
@@ -419,9 +458,32 @@ mod tests {
                 async fn ping() {}
             ),
         );
-        assert!(out.contains("WithBody (() , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < () , 2048usize >"));
+        assert!(out.contains("WithBody (__idem_last , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < () , 2048usize >"));
+        assert!(out.contains("move | () : () | async move"), "{out}");
         assert!(out.contains("GLOBAL_SCOPE"));
         assert!(out.contains(". max_request_body (2048usize)"));
+    }
+
+    #[test]
+    fn a_last_parameter_that_is_the_scope_is_extracted_before_the_claim() {
+        let out = expand(
+            quote!(scope = "user"),
+            quote!(
+                async fn refund(Path(id): Path<u64>, mut user: AuthUser) {}
+            ),
+        );
+        let now = out
+            .find("let mut user : AuthUser = match :: idem_runtime :: __private :: Deferred :: now (__idem_last) . await {")
+            .unwrap_or_else(|| panic!("the scope parameter is extracted first: {out}"));
+        let scope = out
+            .find("scope_id (& user)")
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(now < scope, "{out}");
+        assert!(
+            out.contains("Result :: Err (rejection) => return rejection"),
+            "{out}"
+        );
+        assert!(out.contains("__idem_request , :: idem_runtime :: __private :: Deferred :: ready (()) , move | () : () | async move"), "{out}");
     }
 
     #[test]

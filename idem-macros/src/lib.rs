@@ -294,8 +294,8 @@ use proc_macro::TokenStream;
 ///
 /// The attribute wraps the last parameter in `idem_runtime::__private::WithBody<T, LIMIT>`, which
 /// takes the [`Engine`] from the router state (so the state must provide one), buffers and
-/// fingerprints the body, then extracts `T` from it; and it runs the original body inside the
-/// engine. The response type becomes `axum::response::Response`. With `transaction`, the
+/// fingerprints the body, and prepares `T`'s extractor on it; the engine runs that extractor once
+/// the key is claimed (a replay never runs it), then the original body. The response type becomes `axum::response::Response`. With `transaction`, the
 /// transaction parameter leaves the extractors and `WithBody` takes the store's `Transactional`
 /// engine instead.
 ///

@@ -38,12 +38,11 @@
 //!     .route_layer(layer);
 //! ```
 
-use super::request::{context, read_body, tidy_media_type};
+use super::request::{context, read_body, rebuilt, Deferred};
 use super::run::{run, KeyPolicy};
 use super::{Attempt, Scope};
 use crate::engine::Engine;
 use crate::policy::{Policy, PolicyError};
-use ::axum::body::Body;
 use ::axum::extract::{FromRequestParts, Request};
 use ::axum::http::request::Parts;
 use ::axum::response::{IntoResponse, Response};
@@ -290,14 +289,14 @@ where
             };
             parts.extensions.get_or_insert_default::<Attempt>();
             let request_context = context(&parts, &bytes);
-            tidy_media_type(&mut parts.headers);
-            let request = Request::from_parts(parts, Body::from(bytes));
-            let handler = async move {
+            let request = rebuilt(parts, bytes);
+            let handler = move |()| async move {
                 let Ok(response) = inner.call(request).await;
                 response
             };
             let policy = KeyPolicy::Shared(policy);
-            Ok(run(engine, policy, scope, request_context, handler).await)
+            let now = Deferred::ready(());
+            Ok(run(engine, policy, scope, request_context, now, handler).await)
         })
     }
 }

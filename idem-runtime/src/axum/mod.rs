@@ -47,15 +47,22 @@
 //!
 //! [`IdempotencyLayer`] gives plain handlers the same protection as a tower layer:
 //! `post(refund).route_layer(IdempotencyLayer::new(engine, POLICY).scope::<AuthUser>())`. It
-//! behaves as described below, except that the handler's own extractors run after the key is
-//! claimed, and it has no transactional mode (see its documentation).
+//! behaves as described below, except that all the handler's own extractors run after the key is
+//! claimed and their rejections are stored, and it has no transactional mode (see its
+//! documentation).
 //!
 //! # What a request goes through
 //!
-//! 1. **Body and extractors.** The body is read once (up to the handler's limit, else 413) and the
-//!    handler's own extractors run. Their rejections (bad JSON, missing auth) are axum's own responses
-//!    and happen before any key is claimed, so a corrected retry with the same key still runs.
-//!    axum's own [`DefaultBodyLimit`](::axum::extract::DefaultBodyLimit) (2 MiB unless changed)
+//! 1. **Body and extractors.** The body is read once (up to the handler's limit, else 413), and
+//!    the handler's extractors of the request head run (auth, path, state). Their rejections
+//!    (missing auth, say) are axum's own responses and come before any key is claimed. The last
+//!    parameter's extractor, the one that reads the body (`Json<T>`, say), runs once the key is
+//!    claimed: a replay answers with the stored response without it, even if the handler's body
+//!    type has changed since (a retry across a deploy). Its rejection (bad JSON) is axum's own
+//!    response, is not stored and releases the key, so a corrected retry with the same key still
+//!    runs. A check that must refuse a request before its key is touched and needs the body (a
+//!    webhook's signature, say) belongs in a middleware on the route. When the last parameter is the
+//!    `scope` parameter, it is extracted first, as the key needs it. axum's own [`DefaultBodyLimit`](::axum::extract::DefaultBodyLimit) (2 MiB unless changed)
 //!    still applies to the handler's body extractor: for a `max_body` above it, raise it on the
 //!    route too.
 //! 2. **The key.** One `Idempotency-Key` header of 1–255 visible ASCII characters, bare or as a

@@ -13,7 +13,7 @@
 //! async fn create(
 //!     State(app): State<App>,
 //!     user: AuthUser,
-//!     ::idem_runtime::__private::WithBody(Json(req), __idem_request, __idem_engine): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
+//!     ::idem_runtime::__private::WithBody(__idem_last, __idem_request, __idem_engine): ::idem_runtime::__private::WithBody<Json<New>, 1048576>,
 //! ) -> ::idem_runtime::__private::Response {
 //!     const __IDEM_POLICY: ::idem_runtime::__private::Policy = ::idem_runtime::__private::Policy::new()
 //!         .ttl(::idem_runtime::__private::Duration::from_millis(86400000))
@@ -23,7 +23,9 @@
 //!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
 //!     // Copied out: the body below is an `async move` block that may use `user` itself.
 //!     let __idem_scope = ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
-//!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, async move { BODY }).await
+//!     // The last parameter is extracted once the key is claimed, and handed to the closure.
+//!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, __idem_last,
+//!         move |Json(req): Json<New>| async move { BODY }).await
 //! }
 //! ```
 //!
@@ -31,7 +33,7 @@
 //! default) rather than as a parameter of its own, so that the handler's type, which the compiler
 //! shows when a router refuses it, lists the user's parameters only.
 
-pub use super::request::{KeyHeader, RequestContext};
+pub use super::request::{Deferred, KeyHeader, RequestContext};
 pub use crate::engine::Engine;
 pub use crate::policy::{MissingKey, Policy, PolicyError, ReplayMode, ServerErrors};
 pub use ::axum::response::Response;
@@ -65,11 +67,15 @@ where
 }
 
 /// Wraps the handler's last parameter: extracts the engine `E` from the router state, buffers the
-/// body (up to `LIMIT` bytes, else 413), records what the fingerprint needs, and hands the same
-/// bytes to the wrapped extractor `T`. `E` is [`EngineState`], or [`TxState`] in transactional
-/// mode (any request-head extractor works, `()` included).
+/// body (up to `LIMIT` bytes, else 413), records what the fingerprint needs, and prepares the
+/// wrapped extractor `T` on the same bytes ([`Deferred`]). `E` is [`EngineState`], or [`TxState`]
+/// in transactional mode (any request-head extractor works, `()` included).
 #[derive(Debug)]
-pub struct WithBody<T, const LIMIT: usize, E = EngineState>(pub T, pub RequestContext, pub E);
+pub struct WithBody<T, const LIMIT: usize, E = EngineState>(
+    pub Deferred<T>,
+    pub RequestContext,
+    pub E,
+);
 
 /// The marker for [`WithBody`] around an extractor that reads only the request head.
 #[doc(hidden)]
@@ -78,9 +84,9 @@ pub enum ViaPartsExtractor {}
 
 impl<S, T, E, const LIMIT: usize> FromRequest<S> for WithBody<T, LIMIT, E>
 where
-    T: FromRequest<S>,
+    T: FromRequest<S> + 'static,
     E: FromRequestParts<S> + Send,
-    S: Send + Sync,
+    S: Clone + Send + Sync + 'static,
 {
     type Rejection = Response;
 
@@ -97,8 +103,15 @@ where
                 .await
                 .map_err(IntoResponse::into_response)?;
             let bytes = super::request::read_body(body, LIMIT).await?;
-            let (inner, ctx) = super::request::extract_from(parts, bytes, state).await?;
-            Ok(Self(inner, ctx, engine))
+            let ctx = super::request::context(&parts, &bytes);
+            let request = super::request::rebuilt(parts, bytes);
+            let state = state.clone();
+            let extract = async move {
+                T::from_request(request, &state)
+                    .await
+                    .map_err(IntoResponse::into_response)
+            };
+            Ok(Self(Deferred::later(extract), ctx, engine))
         }
     }
 }
@@ -125,7 +138,8 @@ where
             let inner = T::from_request_parts(&mut parts, state)
                 .await
                 .map_err(IntoResponse::into_response)?;
-            Ok(Self(inner, super::request::context(&parts, &bytes), engine))
+            let ctx = super::request::context(&parts, &bytes);
+            Ok(Self(Deferred::ready(inner), ctx, engine))
         }
     }
 }
@@ -210,21 +224,25 @@ pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'static, str> {
     Cow::Owned(value.scope_id().into_owned())
 }
 
-/// Runs `handler` under idempotency protection: reads the key, asks the engine, then runs and stores,
-/// replays, or answers a problem. See [`axum`](super) for the behaviour.
-pub fn run<F, R>(
+/// Runs `handler` under idempotency protection: reads the key, asks the engine, then extracts
+/// `last` and runs and stores, replays, or answers a problem. See [`axum`](super) for the
+/// behaviour.
+pub fn run<B, F, Fut, R>(
     engine: EngineState,
     policy: &'static Policy,
     scope: Cow<'_, str>,
     request: RequestContext,
+    last: Deferred<B>,
     handler: F,
 ) -> impl Future<Output = Response>
 where
-    F: Future<Output = R> + Send + 'static,
+    B: Send + 'static,
+    F: FnOnce(B) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
     let policy = super::run::KeyPolicy::Static(policy);
-    super::run::run(engine.0, policy, scope.into_owned(), request, handler)
+    super::run::run(engine.0, policy, scope.into_owned(), request, last, handler)
 }
 
 /// Extracts the [`Transactional`](crate::transaction::Transactional) engine for a handler whose
@@ -258,20 +276,23 @@ where
 
 /// [`run`] in transactional mode: `handler` receives the transaction the key was claimed in.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub async fn run_transactional<T, F, Fut, R>(
+pub async fn run_transactional<T, B, F, Fut, R>(
     txn: TxState<T>,
     policy: &'static Policy,
     scope: Cow<'_, str>,
     request: RequestContext,
+    last: Deferred<B>,
     handler: F,
 ) -> Response
 where
     T: crate::transaction::TxHandle,
-    F: FnOnce(T) -> Fut + Send + 'static,
+    B: Send + 'static,
+    F: FnOnce(T, B) -> Fut + Send + 'static,
     Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
-    super::run::run_transactional(&txn.0, policy, scope.into_owned(), request, handler).await
+    let scope = scope.into_owned();
+    super::run::run_transactional(&txn.0, policy, scope, request, last, handler).await
 }
 
 /// What `#[idempotent]` adds for a `#[utoipa::path(...)]` written below it: a hidden type per

@@ -2,20 +2,23 @@
 //! and the key need from the head.
 //!
 //! This runs while axum extracts the handler's last parameter, before any key is claimed: a body over
-//! the limit, an unreadable body, or a rejection by the handler's own extractor ends the request
-//! without touching the store, so the client's key stays unused.
+//! the limit or an unreadable body ends the request without touching the store, so the client's key
+//! stays unused. The handler's own extractor of the body runs later, once the key is claimed
+//! ([`Deferred`]): a replay answers without it, and its rejection releases the key.
 
 use super::problem::{Problem, ProblemType};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
 use ::axum::body::Body;
-use ::axum::extract::{FromRequest, OriginalUri, Request};
+use ::axum::extract::{OriginalUri, Request};
 use ::axum::http::header::CONTENT_TYPE;
 use ::axum::http::request::Parts;
 use ::axum::http::{HeaderMap, HeaderName, HeaderValue};
 use ::axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use std::future::Future;
+use std::pin::Pin;
 
 /// What the engine needs from the request, taken while extracting the last parameter: the
 /// request's fingerprint and its `Idempotency-Key` header. Small on purpose: it is moved through
@@ -44,6 +47,49 @@ pub enum KeyHeader {
     Valid(crate::IdempotencyKey),
     /// Malformed, or sent more than once: the request is refused.
     Invalid(crate::KeyError),
+}
+
+/// The handler's last parameter, not yet extracted: an extractor of the body runs once the key is
+/// claimed, so that a replay answers without it, whatever it would say of the request now. An
+/// extractor of the request head is extracted at once.
+pub struct Deferred<T>(Later<T>);
+
+enum Later<T> {
+    Ready(T),
+    // One allocation: the extractor's future, which owns the request and a clone of the state.
+    Extract(Pin<Box<dyn Future<Output = Result<T, Response>> + Send>>),
+}
+
+impl<T> Deferred<T> {
+    /// A value to extract, when `extract` runs.
+    pub(crate) fn later(
+        extract: impl Future<Output = Result<T, Response>> + Send + 'static,
+    ) -> Self {
+        Self(Later::Extract(Box::pin(extract)))
+    }
+
+    /// A value extracted already.
+    pub fn ready(value: T) -> Self {
+        Self(Later::Ready(value))
+    }
+
+    /// The value, or the extractor's rejection as a response.
+    pub async fn now(self) -> Result<T, Response> {
+        match self.0 {
+            Later::Ready(value) => Ok(value),
+            Later::Extract(extract) => extract.await,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Deferred<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.0 {
+            Later::Ready(_) => "ready",
+            Later::Extract(_) => "to extract",
+        };
+        f.debug_tuple("Deferred").field(&state).finish()
+    }
 }
 
 /// The body, whole, or a 413 / 400 problem. A body already limited further out (by a middleware)
@@ -125,26 +171,15 @@ pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
     }
 }
 
-/// [`context`], then `T` extracted by its own extractor from the same bytes: what `WithBody` does
-/// once the body is read.
-pub(crate) async fn extract_from<S, T: FromRequest<S>>(
-    parts: Parts,
-    bytes: Bytes,
-    state: &S,
-) -> Result<(T, RequestContext), Response> {
-    let ctx = context(&parts, &bytes);
-    let mut parts = parts;
+/// The request again, with the bytes read as its body, for the handler's own extractor.
+pub(crate) fn rebuilt(mut parts: Parts, bytes: Bytes) -> Request {
     tidy_media_type(&mut parts.headers);
-    let req = Request::from_parts(parts, Body::from(bytes));
-    let inner = T::from_request(req, state)
-        .await
-        .map_err(IntoResponse::into_response)?;
-    Ok((inner, ctx))
+    Request::from_parts(parts, Body::from(bytes))
 }
 
 /// HTTP allows whitespace before a media type's parameters (`application/json ; charset=utf-8`),
 /// which axum's `Json` refuses with a 415: the handler's extractor sees the type without it.
-pub(crate) fn tidy_media_type(headers: &mut HeaderMap) {
+fn tidy_media_type(headers: &mut HeaderMap) {
     let Some(Ok(value)) = headers.get(CONTENT_TYPE).map(|v| v.to_str()) else {
         return;
     };

@@ -8,9 +8,11 @@
 //!    until `reject_after`), or derive a key from the request, valid for `derive_window`.
 //! 3. The engine decides with the request's fingerprint: execute, replay, or a problem
 //!    (422 / 409 / 410 / 503, see [`problem`](super::problem)).
-//! 4. Execute: the handler runs **in a task of its own** ([`Engine::spawn`]), with the claim's lease
-//!    renewed, so that a client hanging up, or a handler slower than the lease, never cuts it
-//!    half-way or lets a duplicate run it again. A 5xx releases the key (unless the policy stores
+//! 4. Execute: the handler's last parameter is extracted from the buffered body (its rejection
+//!    releases the key and is the answer; a replay never runs it), and the handler runs **in a
+//!    task of its own** ([`Engine::spawn`]), with the claim's lease renewed, so that a client
+//!    hanging up, or a handler slower than the lease, never cuts it half-way or lets a duplicate
+//!    run it again. A 5xx releases the key (unless the policy stores
 //!    server errors); anything else is stored, retried until the store takes it, and replayed. A
 //!    panic releases the key and answers 500.
 //!
@@ -19,7 +21,7 @@
 //! 503 instead of the handler's response.
 
 use super::problem::{Problem, ProblemType};
-use super::request::{KeyHeader, RequestContext};
+use super::request::{Deferred, KeyHeader, RequestContext};
 use super::respond;
 use super::Attempt;
 use crate::clock::Timestamp;
@@ -108,21 +110,30 @@ fn keyed(engine: &Engine, policy: KeyPolicy, scope: String, request: &RequestCon
     }
 }
 
-/// Claims the key, then runs `handler` detached from the request (see the module documentation).
-pub(crate) async fn run<F, R>(
+/// Claims the key, then extracts the handler's last parameter and runs `handler` with it, detached
+/// from the request (see the module documentation).
+pub(crate) async fn run<B, F, Fut, R>(
     engine: Engine,
     policy: KeyPolicy,
     scope: String,
     request: RequestContext,
+    last: Deferred<B>,
     handler: F,
 ) -> Response
 where
-    F: Future<Output = R> + Send + 'static,
+    B: Send + 'static,
+    F: FnOnce(B) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
     let (key, fingerprint, policy) = match keyed(&engine, policy, scope, &request) {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => return handler.await.into_response(),
+        Keyed::Pass => {
+            return match last.now().await {
+                Ok(last) => handler(last).await.into_response(),
+                Err(rejection) => rejection,
+            }
+        }
         Keyed::Answered(response) => return response,
     };
     let guard = match claim(&engine, key, fingerprint, &policy, request.attempt).await {
@@ -130,13 +141,17 @@ where
         Err(answer) => return answer,
     };
     detached(&engine, async move {
-        let run = AssertUnwindSafe(async move { handler.await.into_response() });
+        let run = AssertUnwindSafe(async move {
+            let last = last.now().await?;
+            Ok(handler(last).await.into_response())
+        });
         let response = match guard.keep_alive(run.catch_unwind()).await {
-            Ok(response) => response,
+            Ok(Ok(response)) => response,
+            Ok(Err(rejection)) => return Settled::Now(released(guard, &policy, rejection).await),
             Err(_) => return Settled::Now(panicked(guard, &policy).await),
         };
         if response.status().is_server_error() && policy.server_errors == ServerErrors::Release {
-            return Settled::Now(release_after_server_error(guard, &policy, response).await);
+            return Settled::Now(released(guard, &policy, response).await);
         }
         let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
         Settled::Later(Box::new((guard, stored, response)))
@@ -147,16 +162,18 @@ where
 /// [`run`] in transactional mode: the handler gets a transaction handle, and what it wrote through
 /// it commits with the stored response. See [`crate::transaction`].
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) async fn run_transactional<T, F, Fut, R>(
+pub(crate) async fn run_transactional<T, B, F, Fut, R>(
     txn: &Transactional<T::Store>,
     policy: &'static Policy,
     scope: String,
     request: RequestContext,
+    last: Deferred<B>,
     handler: F,
 ) -> Response
 where
     T: TxHandle,
-    F: FnOnce(T) -> Fut + Send + 'static,
+    B: Send + 'static,
+    F: FnOnce(T, B) -> Fut + Send + 'static,
     Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
@@ -164,7 +181,12 @@ where
     let (key, fingerprint, policy) = match keyed(engine, KeyPolicy::Static(policy), scope, &request)
     {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => return pass_transactional(txn, policy.handler, handler).await,
+        Keyed::Pass => {
+            return match last.now().await {
+                Ok(last) => pass_transactional(txn, policy.handler, |tx| handler(tx, last)).await,
+                Err(rejection) => rejection,
+            }
+        }
         Keyed::Answered(response) => return response,
     };
     let guard = match claim(engine, key, fingerprint, &policy, request.attempt).await {
@@ -175,9 +197,17 @@ where
     let retry_after = engine.unavailable_retry_after();
     detached(engine, async move {
         let (lent, back) = tx.lend();
-        let run = AssertUnwindSafe(async move { handler(T::from_tx(lent)).await.into_response() });
+        let run = AssertUnwindSafe(async move {
+            let last = last.now().await?;
+            Ok(handler(T::from_tx(lent), last).await.into_response())
+        });
         let response = match guard.keep_alive(run.catch_unwind()).await {
-            Ok(response) => response,
+            Ok(Ok(response)) => response,
+            Ok(Err(rejection)) => {
+                // The handle went home unused: nothing to roll back.
+                drop(back);
+                return Settled::Now(released(guard, &policy, rejection).await);
+            }
             Err(_) => {
                 // The dropped handle sent its transaction home: roll it back (on SQLite, free the
                 // write gate) before the release, which needs the gate.
@@ -193,7 +223,7 @@ where
         if response.status().is_server_error() {
             drop(tx); // rolls back
             if policy.server_errors == ServerErrors::Release {
-                return Settled::Now(release_after_server_error(guard, &policy, response).await);
+                return Settled::Now(released(guard, &policy, response).await);
             }
             let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
             return Settled::Later(Box::new((guard, stored, response)));
@@ -407,12 +437,9 @@ fn missing_key(
     }
 }
 
-/// A 5xx releases the key, so that a retry runs the handler again.
-async fn release_after_server_error(
-    claim: ClaimGuard,
-    policy: &Policy,
-    response: Response,
-) -> Response {
+/// A 5xx, or a rejection by the handler's last extractor, releases the key, so that a retry runs
+/// the handler again; `response` is the answer.
+async fn released(claim: ClaimGuard, policy: &Policy, response: Response) -> Response {
     let key = claim.key().clone();
     match claim.release().await {
         Ok(()) => {}
@@ -423,7 +450,7 @@ async fn release_after_server_error(
         }
         Err(error) => {
             tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope(),
-                key = %key.key(), %error, "could not release the key after a server error; a retry can run once its lease runs out");
+                key = %key.key(), %error, status = response.status().as_u16(), "could not release the key; a retry can run once its lease runs out");
         }
     }
     response

@@ -224,10 +224,11 @@ http_test! {
 }
 
 http_test! {
-    /// The handler's extractors answer with axum's own responses. Under the attribute they run
-    /// before the key is claimed, so a corrected retry with the same key runs; under the layer they
-    /// run inside the claim, so their 4xx is the key's stored answer (as `IdempotencyLayer`
-    /// documents). The scope's extractor runs before the claim under both.
+    /// The handler's extractors answer with axum's own responses. Under the attribute the body's
+    /// extractor runs once the key is claimed and its rejection releases the key, so a corrected
+    /// retry with the same key runs; under the layer they run inside the claim, so their 4xx is the
+    /// key's stored answer (as `IdempotencyLayer` documents). The scope's extractor runs before
+    /// the claim under both.
     #[tokio::test]
     async fn extractor_rejections_keep_axums_response(h) {
         let bad_json = || json_post("/payments", "alice", &["k1"], r#"{"amount": 10"#);
@@ -255,13 +256,21 @@ http_test! {
                 .await;
             assert_eq!(fresh.status, 201);
         } else {
-            assert_eq!(claims, 0);
+            assert_eq!(claims, 1, "the bad JSON was claimed; the anonymous request was not");
+            assert_eq!(h.store.releases.load(Ordering::SeqCst), 1);
+            assert!(h.record("alice", "k1").await.is_none(), "the rejection is not stored");
             let missing_field = json_post("/payments", "alice", &["k1"], r#"{"amount": 10}"#);
-            assert_eq!(h.send(missing_field).await.status, 422);
-            assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+            let refused = h.send(missing_field).await;
+            assert_eq!(refused.status, 422);
+            assert!(!refused.replayed());
+            assert_eq!(h.store.releases.load(Ordering::SeqCst), 2);
             let good = h.send(good).await;
             assert_eq!(good.status, 201);
             assert!(!good.replayed());
+            // The key now belongs to the request that ran.
+            h.send(bad_json())
+                .await
+                .assert_problem(422, "urn:idem:problem:key-mismatch");
         }
         assert_eq!(h.probe.calls(), 1);
     }
@@ -318,7 +327,8 @@ http_test! {
     async fn a_json_handlers_rejections_are_axums_own(h) {
         // `/refunds` takes `Json<NewPayment>` through `#[idempotent]`, which parses it once for the
         // handler and the fingerprint: every rejection must still be the one axum's `Json` gives.
-        // Under the attribute none claims its key; under the layer each does (see above).
+        // Each claims its key: under the attribute the rejection releases it, under the layer it
+        // is stored (see above).
         let json = Some("application/json");
         let cases = [
             (json, r#"{"amount": 10"#),                                 // syntax: 400
@@ -343,8 +353,10 @@ http_test! {
                 "{content_type:?} {body}"
             );
         }
-        let claims = if h.layered { cases.len() } else { 0 };
-        assert_eq!(h.store.claims.load(Ordering::SeqCst), claims);
+        assert_eq!(h.store.claims.load(Ordering::SeqCst), cases.len());
+        let released = if h.layered { 0 } else { cases.len() };
+        assert_eq!(h.store.releases.load(Ordering::SeqCst), released);
+        assert_eq!(h.record("alice", "bad-0").await.is_some(), h.layered);
         assert_eq!(h.probe.calls(), 0);
 
         // A media type is accepted exactly when axum's `Json` accepts it, however it is written, and
@@ -393,7 +405,7 @@ http_test! {
         let over = r#"{"amount":1000,"currency":"KRW","memo":"a few bytes too many"}"#;
         assert!(over.len() > ROUTER_LIMIT && PAY_1000.len() <= ROUTER_LIMIT);
         // Refused by the handler's own `Json`, which reads the body under the router's limit: axum's
-        // 413, before any key is claimed under the attribute.
+        // 413, which releases the key under the attribute.
         let reply = h.send(json_post("/limited", "alice", &["k1"], over)).await;
         assert_eq!(reply.status, 413, "{:?}", reply.body);
         assert_eq!(h.probe.calls(), 0);
@@ -411,12 +423,13 @@ http_test! {
             assert_eq!(h.probe.calls(), 1);
             return;
         }
-        assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+        assert_eq!(h.store.releases.load(Ordering::SeqCst), 1);
+        assert!(h.record("alice", "k1").await.is_none());
 
         // A media type `Json` refuses is refused as axum's `Json` refuses it, before any limit.
         let text = post_as("/limited", Some("text/plain"), "k1", over);
         assert_eq!(h.send(text).await.status, 415);
-        assert_eq!(h.store.claims.load(Ordering::SeqCst), 0);
+        assert_eq!(h.store.releases.load(Ordering::SeqCst), 2);
 
         let good = h
             .send(json_post("/limited", "alice", &["k1"], PAY_1000))

@@ -46,6 +46,7 @@ pub struct TestStore {
     pub fail_complete: AtomicBool,
     pub subscriptions: watch::Sender<usize>,
     pub claims: AtomicUsize,
+    pub releases: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -69,6 +70,7 @@ impl Store for TestStore {
         self.inner.complete(key, token, response).await
     }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
         self.inner.release(key, token).await
     }
     async fn renew(
@@ -126,7 +128,7 @@ impl Probe {
     }
 
     /// Counts a call and returns its number (1-based).
-    fn call(&self) -> usize {
+    pub fn call(&self) -> usize {
         self.calls.fetch_add(1, Ordering::SeqCst) + 1
     }
 
@@ -339,7 +341,7 @@ pub struct NewPayment {
     pub currency: String,
 }
 
-fn created(n: usize, user: &User, req: &NewPayment) -> Response {
+pub fn created(n: usize, user: &User, req: &NewPayment) -> Response {
     (
         StatusCode::CREATED,
         [
@@ -380,7 +382,7 @@ const WITH_REQUEST_REF: idem_runtime::Policy =
 async fn create_payment(
     State(probe): State<Probe>,
     user: User,
-    WithBody(Json(req), __idem_request, __idem_engine): WithBody<Json<NewPayment>, 1048576>,
+    WithBody(__idem_last, __idem_request, __idem_engine): WithBody<Json<NewPayment>, 1048576>,
 ) -> Response {
     const __IDEM_POLICY: Policy = WITH_REQUEST_REF.handler("create_payment").checked();
     let __idem_scope = Cow::Owned(scope_id(&user).into_owned());
@@ -389,7 +391,8 @@ async fn create_payment(
         &__IDEM_POLICY,
         __idem_scope,
         __idem_request,
-        async move {
+        __idem_last,
+        move |Json(req): Json<NewPayment>| async move {
             let n = probe.call();
             created(n, &user, &req)
         },

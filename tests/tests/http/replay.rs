@@ -1,8 +1,66 @@
 //! Fresh responses, replays, and what a replay contains.
 
 use crate::http_support::*;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::idempotent;
 use idem_runtime::metrics::Outcome;
 use idem_runtime::RecordKey;
+
+/// The payment body as the next deploy reads it: `reference` became required.
+#[derive(serde::Deserialize)]
+struct NewPaymentV2 {
+    amount: i64,
+    currency: String,
+    reference: String,
+}
+
+#[idempotent(scope = "user")]
+async fn create_payment_v2(
+    State(probe): State<Probe>,
+    user: User,
+    Json(req): Json<NewPaymentV2>,
+) -> Response {
+    assert!(!req.reference.is_empty());
+    let req = NewPayment {
+        amount: req.amount,
+        currency: req.currency,
+    };
+    created(probe.call(), &user, &req)
+}
+
+/// A retry that reaches a newer deploy, whose handler would refuse its body, still gets the
+/// response its request was given: the body's extractor runs only once a key is claimed.
+#[tokio::test]
+async fn a_replay_does_not_run_the_body_extractor() {
+    let h = Harness::new();
+    let fresh = h
+        .send(json_post("/payments", "alice", &["k1"], PAY_1000))
+        .await;
+    assert_eq!(fresh.status, 201);
+    let deployed = Router::new()
+        .route("/payments", post(create_payment_v2))
+        .with_state(App {
+            engine: h.engine.clone(),
+            probe: h.probe.clone(),
+        });
+    let retry = send(
+        deployed.clone(),
+        json_post("/payments", "alice", &["k1"], PAY_1000),
+    )
+    .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, fresh.body);
+    // A new request with that body is refused by the new extractor, and its key released.
+    let new = send(deployed, json_post("/payments", "alice", &["k2"], PAY_1000)).await;
+    assert_eq!(new.status, 422);
+    assert!(!new.replayed());
+    assert!(h.record("alice", "k2").await.is_none());
+    assert_eq!(h.probe.calls(), 1);
+}
 
 http_test! {
     #[tokio::test]

@@ -80,7 +80,8 @@ async fn extractor_and_validation_errors() {
     let dir = tempfile::tempdir().unwrap();
     let app = start(dir.path()).await;
 
-    // Bad JSON is rejected by axum before the key is claimed: the corrected retry runs.
+    // Bad JSON is refused by axum's `Json` once the key is claimed, which releases it: the
+    // corrected retry runs.
     let bad = send(
         &app,
         post("/payments", Some("alice"), Some("k1"), "{\"amount\": 10"),

@@ -690,6 +690,31 @@ pub async fn a_panic_leaves_neither_row_nor_record(b: &impl Backend) {
     assert_eq!(b.controls().runs(), 2);
 }
 
+/// A body the handler's `Json` refuses is axum's 422, after the key was claimed: nothing runs or
+/// is written, the key is released (not stored), and the corrected retry with the same key runs.
+/// Without a key (`missing_key = "pass"`) the refusal is the same.
+pub async fn a_body_the_extractor_refuses_releases_the_key(b: &impl Backend) {
+    let router = b.router();
+    let wrong = json!({"amount": "a thousand"});
+    let refused = send(&router, post("/entries", "alice", "k8", wrong.clone())).await;
+    assert_eq!(refused.status, 422, "{refused:?}");
+    assert!(!refused.replayed());
+    assert!(b.record("alice", "k8").await.is_none(), "released");
+    assert_eq!(b.engine().metrics().get(Outcome::Released), 1);
+    let passed = send(&router, post_without_key("/optional", "alice", wrong)).await;
+    assert_eq!(passed.status, 422, "{passed:?}");
+    assert_eq!((b.ledger_rows().await, b.controls().runs()), (0, 0));
+
+    let corrected = send(
+        &router,
+        post("/entries", "alice", "k8", json!({"amount": 8})),
+    )
+    .await;
+    assert_eq!(corrected.status, 201, "{corrected:?}");
+    assert!(!corrected.replayed());
+    assert_eq!((b.ledger_rows().await, b.controls().runs()), (1, 1));
+}
+
 /// A handler that answers without touching its transaction (here a validation error) has its
 /// response stored as in the default mode: the retry replays it and the handler ran once.
 pub async fn a_handler_that_never_writes_has_its_response_stored(b: &impl Backend) {
@@ -1130,6 +1155,7 @@ macro_rules! transactional_cases {
             write_and_record_commit_together,
             a_server_error_leaves_neither_row_nor_record,
             a_panic_leaves_neither_row_nor_record,
+            a_body_the_extractor_refuses_releases_the_key,
             a_handler_that_never_writes_has_its_response_stored,
             a_failed_commit_answers_503_and_releases_the_key,
             sixteen_identical_requests_write_once,
