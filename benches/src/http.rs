@@ -8,14 +8,14 @@ use crate::report::{dur, median, pct, rate, Config};
 use crate::stores::{self, Backend, Handle};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::header::{HeaderValue, COOKIE, LOCATION, SET_COOKIE};
+use axum::http::header::{HeaderValue, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use http_body_util::BodyExt;
-use idem_runtime::{idempotent, Engine};
+use idem_runtime::{idempotent, Engine, Fingerprint};
 use ruts::store::SessionStore;
 use ruts::{CookieOptions, Session, SessionLayer};
 use serde::Deserialize;
@@ -80,13 +80,36 @@ async fn annotated(Json(req): Json<NewPayment>) -> Response {
     created(req)
 }
 
-/// Each key's response (`None` while its handler runs), kept by hand: the memory store's floor.
-type ByHand = Arc<Mutex<HashMap<String, Option<(StatusCode, HeaderMap, Bytes)>>>>;
+/// Each key's request fingerprint (if taken) and response (`None` while its handler runs), kept by
+/// hand: the memory store's floor.
+type ByHand = Arc<Mutex<HashMap<String, (Option<Fingerprint>, Option<Stored>)>>>;
+type Stored = (StatusCode, HeaderMap, Bytes);
 
 /// The least that keeping a record per key costs in one process: a key seen before gets its stored
 /// response (or a 409 while it runs), a new one runs the handler and stores its response. No
 /// fingerprint, lease, expiry or waiting for a duplicate, as the memory store has.
 async fn by_hand(State(records): State<ByHand>, headers: HeaderMap, body: Bytes) -> Response {
+    kept_by_hand(records, headers, body, None).await
+}
+
+/// [`by_hand`], with the request's fingerprint taken, kept and compared (a 422 for another
+/// request under the key): how much of the way from the floor to idem the fingerprint is.
+async fn by_hand_fingerprinted(
+    State(records): State<ByHand>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let fingerprint = Fingerprint::of_request("POST", "/floor-fingerprinted", content_type, &body);
+    kept_by_hand(records, headers, body, Some(fingerprint)).await
+}
+
+async fn kept_by_hand(
+    records: ByHand,
+    headers: HeaderMap,
+    body: Bytes,
+    fingerprint: Option<Fingerprint>,
+) -> Response {
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
@@ -94,15 +117,18 @@ async fn by_hand(State(records): State<ByHand>, headers: HeaderMap, body: Bytes)
         Ok(mut records) => {
             let seen = records.get(key).cloned();
             if seen.is_none() {
-                records.insert(key.to_owned(), None);
+                records.insert(key.to_owned(), (fingerprint, None));
             }
             seen
         }
         Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     };
     match seen {
-        Some(Some((status, headers, body))) => return (status, headers, body).into_response(),
-        Some(None) => return StatusCode::CONFLICT.into_response(),
+        Some((taken, _)) if taken != fingerprint => {
+            return StatusCode::UNPROCESSABLE_ENTITY.into_response()
+        }
+        Some((_, Some((status, headers, body)))) => return (status, headers, body).into_response(),
+        Some((_, None)) => return StatusCode::CONFLICT.into_response(),
         None => {}
     }
     let Ok(Json(req)) = Json::<NewPayment>::from_bytes(&body) else {
@@ -115,7 +141,7 @@ async fn by_hand(State(records): State<ByHand>, headers: HeaderMap, body: Bytes)
     };
     let stored = (parts.status, parts.headers.clone(), body.clone());
     if let Ok(mut records) = records.lock() {
-        records.insert(key.to_owned(), Some(stored));
+        records.insert(key.to_owned(), (fingerprint, Some(stored)));
     }
     Response::from_parts(parts, Body::from(body))
 }
@@ -136,8 +162,8 @@ async fn login<S: SessionStore>(session: Session<S>) -> Response {
     }
 }
 
-/// `/plain` and `/idem`: the handler without and with `#[idempotent]` on `engine`; `/floor`:
-/// with a record kept by hand ([`by_hand`]).
+/// `/plain` and `/idem`: the handler without and with `#[idempotent]` on `engine`; `/floor` and
+/// `/floor-fingerprinted`: with a record kept by hand ([`by_hand`], [`by_hand_fingerprinted`]).
 fn idem_router(engine: Engine) -> Router {
     Router::new()
         .route("/plain", post(plain))
@@ -146,6 +172,11 @@ fn idem_router(engine: Engine) -> Router {
         .merge(
             Router::new()
                 .route("/floor", post(by_hand))
+                .with_state(ByHand::default()),
+        )
+        .merge(
+            Router::new()
+                .route("/floor-fingerprinted", post(by_hand_fingerprinted))
                 .with_state(ByHand::default()),
         )
 }
@@ -226,6 +257,11 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
     }
     let name = "floor: a record per key by hand (`Mutex<HashMap>`)".to_owned();
     match seeded(name, servers[0].addr, "/floor").await {
+        Ok(server) => servers.push(server),
+        Err(why) => skipped.push(why),
+    }
+    let name = "the floor, with idem's request fingerprint".to_owned();
+    match seeded(name, servers[0].addr, "/floor-fingerprinted").await {
         Ok(server) => servers.push(server),
         Err(why) => skipped.push(why),
     }
@@ -356,20 +392,31 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
     for s in skipped {
         println!("| {} | not run: {} | | | | | |", s.name, s.why);
     }
-    // The memory store against the floor by hand, the line it is judged by.
+    // The memory store against the floor by hand, the line it is judged by, and the part of the
+    // way that the fingerprint alone takes.
     let floor = servers.iter().position(|s| s.route == "/floor");
+    let fingerprinted = servers
+        .iter()
+        .position(|s| s.route == "/floor-fingerprinted");
     let memory = servers
         .iter()
         .position(|s| s.route == "/idem" && s.name.contains("memory"));
+    let ratio = |of: usize, to: usize, cells: &[Vec<Sample>]| {
+        let rps = |i: usize| cell(&cells[i]).0;
+        pct(rps(of) / rps(to).max(1e-9))
+    };
     if let (Some(floor), Some(memory)) = (floor, memory) {
-        let ratio = |cells: &[Vec<Sample>]| {
-            let rps = |i: usize| cell(&cells[i]).0;
-            pct(rps(memory) / rps(floor).max(1e-9))
-        };
         println!(
             "\nidem's memory store against the floor by hand: new keys {}, replays {}.",
-            ratio(&new),
-            ratio(&replay)
+            ratio(memory, floor, &new),
+            ratio(memory, floor, &replay)
+        );
+    }
+    if let (Some(floor), Some(fingerprinted)) = (floor, fingerprinted) {
+        println!(
+            "The floor with idem's fingerprint against the floor: new keys {}, replays {}.",
+            ratio(fingerprinted, floor, &new),
+            ratio(fingerprinted, floor, &replay)
         );
     }
     println!();
