@@ -64,8 +64,10 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// The handler keeps its extractors, its body and its return type (anything that implements
-/// `IntoResponse`, including `Result` with `?` in the body). Extractor rejections (bad JSON, no
-/// credentials) happen before the key is claimed, so they do not burn it.
+/// `IntoResponse`, including `Result` with `?` in the body). Extractor rejections never burn the
+/// key: those of the request head (no credentials) come before the key is claimed, and the last
+/// parameter's (bad JSON) after it, releasing it. That last extractor, which reads the body, runs
+/// only for a request that claimed its key, so a replay answers without it.
 ///
 /// # Options
 ///
