@@ -315,6 +315,45 @@ fn check_signature(sig: &Signature, errors: &mut Errors) {
     if sig.inputs.len() > MAX_PARAMS {
         errors.at(&sig.inputs, format!("an `#[idempotent]` handler takes at most {MAX_PARAMS} parameters, as axum handlers take at most {MAX_PARAMS} extractors: group extractors into a struct that implements `FromRequestParts`"));
     }
+    // The expansion binds the last parameter apart from the others, where rustc would no longer
+    // see a name bound twice (E0415): report it as rustc would have.
+    let mut bound: Vec<&Ident> = Vec::new();
+    for arg in &sig.inputs {
+        if let FnArg::Typed(pt) = arg {
+            bindings(&pt.pat, &mut bound);
+        }
+    }
+    for (i, ident) in bound.iter().enumerate() {
+        if bound[..i]
+            .iter()
+            .any(|earlier| earlier.unraw() == ident.unraw())
+        {
+            errors.at(
+                ident,
+                format!("identifier `{ident}` is bound more than once in this parameter list"),
+            );
+        }
+    }
+}
+
+/// The names `pat` binds.
+fn bindings<'p>(pat: &'p Pat, out: &mut Vec<&'p Ident>) {
+    match pat {
+        Pat::Ident(pi) => {
+            out.push(&pi.ident);
+            if let Some((_, sub)) = &pi.subpat {
+                bindings(sub, out);
+            }
+        }
+        Pat::Tuple(t) => t.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::TupleStruct(t) => t.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Struct(s) => s.fields.iter().for_each(|f| bindings(&f.pat, out)),
+        Pat::Slice(s) => s.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Reference(r) => bindings(&r.pat, out),
+        Pat::Paren(p) => bindings(&p.pat, out),
+        Pat::Type(t) => bindings(&t.pat, out),
+        _ => {}
+    }
 }
 
 /// The parameters bound whole to a name: `user: AuthUser`, `mut user: AuthUser`, `ref user: ..`.
@@ -519,6 +558,22 @@ mod tests {
             e[0].contains("cannot be used with `scope = \"global\"`"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_name_bound_twice_across_parameters_is_refused() {
+        let item = quote!(
+            async fn create(user: AuthUser, Json(r#user): Json<New>) {}
+        );
+        let e = match super::build(quote!(scope = "user"), item) {
+            Ok(_) => panic!("accepted a name bound twice"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("`r#user` is bound more than once"), "{e}");
+        let item = quote!(
+            async fn create(user: AuthUser, Json(New { amount, .. }): Json<New>) {}
+        );
+        assert!(super::build(quote!(scope = "user"), item).is_ok());
     }
 
     #[test]

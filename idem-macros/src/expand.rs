@@ -135,7 +135,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     let mut inputs: Vec<PatType> = sig.inputs.iter().filter_map(typed).collect();
     let tx = config.transaction.map(|index| inputs.remove(index));
     let last = inputs.pop();
-    let attrs_last = last.iter().flat_map(|pt| &pt.attrs);
+    let attrs_last: Vec<&Attribute> = last.iter().flat_map(|pt| &pt.attrs).collect();
     let (pat, ty) = match &last {
         Some(pt) => (pt.pat.to_token_stream(), pt.ty.to_token_stream()),
         None => (quote_spanned!(def=> ()), quote_spanned!(def=> ())),
@@ -170,6 +170,7 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     let (extract_now, last_arg, last_param) = match scope_is_last {
         true => (
             quote_spanned!(def=>
+                #(#attrs_last)*
                 let #pat: #ty = match #p::Deferred::now(#last_var).await {
                     ::core::result::Result::Ok(value) => value,
                     ::core::result::Result::Err(rejection) => return rejection,
@@ -181,15 +182,16 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         false => (
             TokenStream::new(),
             last_var.to_token_stream(),
-            quote_spanned!(def=> #pat: #ty),
+            // Its attributes go where its bindings are (an `allow` of unused variables, say).
+            quote_spanned!(def=> #(#attrs_last)* #pat: #ty),
         ),
     };
     let args = quote_spanned!(def=> #engine, &#policy_const, #scope_var, #request, #last_arg);
     let run = match &tx {
         None => quote_spanned!(def=> #p::run(#args, move |#last_param| async move #body)),
-        Some(PatType { pat, ty, .. }) => {
+        Some(PatType { attrs, pat, ty, .. }) => {
             let run = quote_spanned!(ty.span()=> ::idem_runtime::__private::run_transactional);
-            quote_spanned!(def=> #run(#args, move |#pat: #ty, #last_param| async move #body))
+            quote_spanned!(def=> #run(#args, move |#(#attrs)* #pat: #ty, #last_param| async move #body))
         }
     };
     sig.inputs = parse_quote_spanned!(def=>
@@ -462,6 +464,22 @@ mod tests {
         assert!(out.contains("move | () : () | async move"), "{out}");
         assert!(out.contains("GLOBAL_SCOPE"));
         assert!(out.contains(". max_request_body (2048usize)"));
+    }
+
+    #[test]
+    fn the_last_parameters_attributes_go_where_its_bindings_are() {
+        let out = expand(
+            quote!(scope = "user"),
+            quote!(
+                async fn create(user: AuthUser, #[allow(unused_variables)] Json(req): Json<New>) {}
+            ),
+        );
+        assert!(
+            out.contains(
+                "move | # [allow (unused_variables)] Json (req) : Json < New > | async move"
+            ),
+            "{out}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //!
 //! | `outcome` | counted when |
 //! |---|---|
-//! | `executed` | the handler ran for a fresh key |
+//! | `executed` | a fresh key was claimed for the handler (a body its extractor refuses is then `released`) |
 //! | `taken_over` | the handler ran after taking over a claim whose lease ran out |
 //! | `replayed` | a stored response was replayed (waited duplicates included) |
 //! | `waited` | a duplicate waited for the original, then replayed |
@@ -25,7 +25,7 @@
 //! | `conflict` | the original was still running at the end of the wait (409) |
 //! | `expired` | the key was past its ttl (410) |
 //! | `unavailable`, `busy` | the store failed, timed out, or had no free connection (503) |
-//! | `released` | a claim was given up after a 5xx or a panic, so that a retry runs again |
+//! | `released` | a claim was given up after a 5xx, a panic or a refused body, so that a retry runs again |
 //! | `renewed` | a running claim's lease was renewed |
 //! | `completion_failed` | an attempt to store a response failed (it is retried until it lands) |
 //! | `missing_key_passed` | a request without a key ran unprotected (`missing_key = "pass"`) |
@@ -66,7 +66,7 @@ macro_rules! outcomes {
 }
 
 outcomes! {
-    /// The handler ran for a fresh key.
+    /// A fresh key was claimed for the handler (a body its extractor refuses is then `Released`).
     Executed => "executed",
     /// The handler ran after taking over a claim whose lease ran out.
     TakenOver => "taken_over",
@@ -84,7 +84,7 @@ outcomes! {
     Unavailable => "unavailable",
     /// The store had no free connection; the handler did not run (503).
     Busy => "busy",
-    /// A claim was given up (a 5xx or a panic) so that a retry runs again.
+    /// A claim was given up (a 5xx, a panic or a refused body) so that a retry runs again.
     Released => "released",
     /// A running claim's lease was renewed.
     Renewed => "renewed",

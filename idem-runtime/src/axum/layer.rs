@@ -73,7 +73,7 @@ use tower_service::Service;
 ///   claims the key, but a request the handler's extractors then reject (malformed JSON, a body
 ///   over axum's `DefaultBodyLimit`) has its 4xx stored and replayed like the handler's own 4xx: a
 ///   client that corrects its body must send it under a new key. With the attribute, such a
-///   request never claims its key.
+///   rejection releases the key instead.
 /// - **No transactional mode**: committing the handler's writes with the stored response needs the
 ///   handler's cooperation (a transaction handed to it), which only the attribute can arrange.
 /// - **Logs and metrics name the handler** after the policy's [`handler`](Policy::handler), which

@@ -77,8 +77,9 @@
 //!    to the policy's `wait`) and then replays its response.
 //! 4. **Execute.** The handler runs in a task of its own, its claim renewed, so a client that hangs
 //!    up cancels nothing. A 5xx response releases the key (unless the policy's `server_errors` stores
-//!    it) and a panic releases it too: a retry runs the handler again. Any other status (2xx, 3xx
-//!    and 4xx alike) is stored, retried until the store takes it, and replayed to every retry.
+//!    it) and a panic releases it too: a retry runs the handler again. Any other status of the
+//!    handler's (2xx, 3xx and 4xx alike) is stored, retried until the store takes it, and replayed
+//!    to every retry; a rejection by the body's extractor (step 1) releases the key.
 //!
 //! # Transactional mode
 //!
