@@ -53,9 +53,15 @@ impl std::ops::Add<Duration> for Timestamp {
 }
 
 /// A source of the current time.
-pub trait Clock: Send + Sync + 'static {
+pub trait Clock: std::fmt::Debug + Send + Sync + 'static {
     /// The current time.
     fn now(&self) -> Timestamp;
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
 }
 
 /// The system's real-time clock.

@@ -47,7 +47,7 @@ use crate::fingerprint::Fingerprint;
 use crate::metrics::{Metrics, Outcome};
 use crate::policy::Policy;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::store::{Claim, ClaimOutcome, Store, StoreError, StoreErrorKind};
+use crate::store::{Claim, ClaimOutcome, Claimed, Found, Store, StoreError, StoreErrorKind};
 use crate::wait::{DuplicateWait, Timers};
 use std::future::Future;
 use std::sync::Arc;
@@ -282,6 +282,56 @@ impl Engine {
         }
     }
 
+    /// One claim, run to its end in a task of its own (on the engine's task set, so that
+    /// [`shutdown`](Self::shutdown) waits for it): a caller that stops waiting for it (its request
+    /// dropped by a client that hung up, or the store timeout) never leaves the key claimed by
+    /// nobody, since a claim that wins after its caller left, or fails and may have landed
+    /// unseen, is released at once, which lets the retry resume it without waiting for a lease.
+    /// Outside a Tokio runtime it runs inline.
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.call("claim", self.inner.store.claim(claim)).await;
+        };
+        let (store, key) = (self.inner.store.clone(), claim.key.clone());
+        let Claim {
+            fingerprint,
+            token,
+            lease,
+            ttl,
+            retain,
+            ..
+        } = *claim;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let work = async move {
+            let claim = Claim {
+                key: &key,
+                fingerprint,
+                token,
+                lease,
+                ttl,
+                retain,
+            };
+            let outcome = store.claim(&claim).await;
+            // Nobody runs a claim that failed (it may have landed all the same, its answer lost on
+            // the way back) or whose request is gone: give it back, fenced by its token, so a claim
+            // that did not land changes nothing. A failed one before the request hears of it, so
+            // that its retry finds the key free.
+            if outcome.is_err() {
+                give_back(store.as_ref(), &key, token, false).await;
+            }
+            if let Err(Ok(ClaimOutcome::Claimed(_))) = reply.send(outcome) {
+                give_back(store.as_ref(), &key, token, true).await;
+            }
+        };
+        self.inner.tasks.spawn_on(work, &runtime);
+        let answer = async {
+            answer
+                .await
+                .unwrap_or_else(|_| Err(StoreError::unavailable("the claim's task stopped")))
+        };
+        self.call("claim", answer).await
+    }
+
     /// Decides what to do with one request: claim the key and run, replay, or reject. Waits up to
     /// `policy.wait` for an identical in-flight request, woken by its completion.
     pub async fn begin(
@@ -325,44 +375,47 @@ impl Engine {
         let mut deadline = None;
         let mut wait = DuplicateWait::default();
         let decided = loop {
-            let now = self.now();
-            let claim = Claim::fresh(&key, fingerprint, now, policy);
-            let found = match self.call("claim", store.claim(&claim)).await {
-                Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    let outcome = if taken_over {
+            let claim = Claim {
+                key: &key,
+                fingerprint,
+                token: FencingToken::generate(),
+                lease: policy.lease,
+                ttl: policy.ttl,
+                retain: policy.retain,
+            };
+            let Found { record, now } = match self.claim(&claim).await {
+                Ok(ClaimOutcome::Claimed(won)) => {
+                    let outcome = if won.taken_over {
                         Outcome::TakenOver
                     } else {
                         Outcome::Executed
                     };
                     self.record(outcome, &key, policy);
-                    break Ok(Begin::Execute(ClaimGuard {
-                        engine: self.clone(),
-                        fingerprint,
-                        token: claim.token,
-                        expires_at: claim.expires_at,
-                        retain_until: claim.retain_until,
-                        lease: policy.lease,
+                    let token = claim.token;
+                    break Ok(Begin::Execute(ClaimGuard::new(
+                        self.clone(),
                         key,
-                        taken_over,
-                        handler: policy.handler,
-                        settled: false,
-                    }));
+                        fingerprint,
+                        token,
+                        won,
+                        policy,
+                    )));
                 }
-                Ok(ClaimOutcome::Existing(record)) => record,
+                Ok(ClaimOutcome::Existing(found)) => found,
                 Err(e) => break Err(self.unavailable(e, &key, policy)),
             };
-            match classify(found, fingerprint, now) {
-                Found::Expired { expires_at } => {
+            match classify(record, fingerprint, now) {
+                Verdict::Expired { expires_at } => {
                     self.record(Outcome::Expired, &key, policy);
                     break Err(Rejection::Expired {
                         expired_at: expires_at,
                     });
                 }
-                Found::Mismatch { expires_at } => {
+                Verdict::Mismatch { expires_at } => {
                     self.record(Outcome::Mismatch, &key, policy);
                     break Err(Rejection::Mismatch { expires_at });
                 }
-                Found::Completed {
+                Verdict::Completed {
                     response,
                     expires_at,
                 } => {
@@ -375,7 +428,7 @@ impl Engine {
                         expires_at,
                     }));
                 }
-                Found::InFlight { lease_until } => {
+                Verdict::InFlight { lease_until } => {
                     let at = timers.now();
                     let deadline = *deadline.get_or_insert(at + policy.wait);
                     if at >= deadline {
@@ -385,7 +438,8 @@ impl Engine {
                         });
                     }
                     // Wake on completion or release, when the lease runs out (takeover), or at
-                    // the deadline; never on a polling tick.
+                    // the deadline; never on a polling tick. The lease's remaining time is the
+                    // store's (its `now` against its `lease_until`), counted down on this timer.
                     let wake = deadline.min(at + now.until(lease_until));
                     let subscribe = || store.subscribe(&key);
                     let announce = || self.call("announce", store.announce_waiter(&key));
@@ -402,6 +456,34 @@ impl Engine {
     }
 }
 
+/// Releases a claim nobody will run, trying a few times while the store is unreachable (the
+/// connection that lost the claim's answer may be the one that failed). `landed`: the claim is known
+/// to hold the key, so a failure to release it is worth a warning.
+async fn give_back(store: &dyn Store, key: &RecordKey, token: FencingToken, landed: bool) {
+    // Once more at once (a client that lost its connection reconnects on its next call), then once
+    // after a pause.
+    for (attempt, pause) in [(1, None), (2, None), (3, Some(COMPLETION_BACKOFF.0))] {
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        match store.release(key, token).await {
+            Ok(()) => {
+                tracing::debug!(target: "idem", scope = %key.scope(), key = %key.key(),
+                    "released a claim nobody waited for");
+                return;
+            }
+            Err(error) if error.kind() == StoreErrorKind::Fenced => return,
+            Err(error) if attempt == 3 => {
+                if landed {
+                    tracing::warn!(target: "idem", scope = %key.scope(), key = %key.key(), %error,
+                        "could not release a claim its request no longer waited for; a retry can run once its lease runs out");
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 /// Where a claim stands after the store refused it as not in flight under its token.
 enum Standing {
     /// In flight under its token (again).
@@ -412,7 +494,7 @@ enum Standing {
     Lost,
 }
 
-pub(crate) enum Found {
+pub(crate) enum Verdict {
     Expired {
         expires_at: Timestamp,
     },
@@ -430,19 +512,22 @@ pub(crate) enum Found {
 
 /// The order matters: an expired key is dead whatever it held; a different request never sees the
 /// original's response or waits for it.
-pub(crate) fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Found {
+pub(crate) fn classify(record: Record, fingerprint: Fingerprint, now: Timestamp) -> Verdict {
     let expires_at = record.expires_at;
     if now >= expires_at {
-        Found::Expired { expires_at }
+        Verdict::Expired { expires_at }
     } else if record.fingerprint != fingerprint {
-        Found::Mismatch { expires_at }
+        Verdict::Mismatch { expires_at }
     } else {
         match record.state {
-            RecordState::Completed { response } => Found::Completed {
+            RecordState::Completed { response } => Verdict::Completed {
                 response,
                 expires_at,
             },
-            RecordState::InFlight { lease_until } => Found::InFlight { lease_until },
+            RecordState::InFlight { lease_until } => Verdict::InFlight { lease_until },
+            // A conforming store never returns a released record from a claim (the claim resumes or
+            // replaces it): treat it as a lease that ran out, so the next claim settles it.
+            RecordState::Released => Verdict::InFlight { lease_until: now },
         }
     }
 }
@@ -461,9 +546,13 @@ pub struct ClaimGuard {
     key: RecordKey,
     fingerprint: Fingerprint,
     token: FencingToken,
+    /// The record's creation and expiry, on the store's clock.
+    created_at: Timestamp,
     expires_at: Timestamp,
-    retain_until: Timestamp,
+    /// The policy's durations, for renewals and for claiming the record again.
     lease: Duration,
+    ttl: Duration,
+    retain: Duration,
     taken_over: bool,
     handler: &'static str,
     /// Completed or released: nothing is left to do on drop.
@@ -471,6 +560,30 @@ pub struct ClaimGuard {
 }
 
 impl ClaimGuard {
+    fn new(
+        engine: Engine,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        token: FencingToken,
+        won: Claimed,
+        policy: &Policy,
+    ) -> Self {
+        Self {
+            engine,
+            key,
+            fingerprint,
+            token,
+            created_at: won.created_at,
+            expires_at: won.expires_at,
+            lease: policy.lease,
+            ttl: policy.ttl,
+            retain: policy.retain,
+            taken_over: won.taken_over,
+            handler: policy.handler,
+            settled: false,
+        }
+    }
+
     /// The claimed key.
     pub fn key(&self) -> &RecordKey {
         &self.key
@@ -481,7 +594,7 @@ impl ClaimGuard {
         self.token
     }
 
-    /// Until when the key will be remembered.
+    /// Until when the key is replayed, on the store's clock.
     pub fn expires_at(&self) -> Timestamp {
         self.expires_at
     }
@@ -493,10 +606,10 @@ impl ClaimGuard {
         self.taken_over
     }
 
-    /// A key for the services this work calls, the same on every attempt at this request: see
+    /// A key for the services this work calls, the same on every attempt at this record: see
     /// [`RecordKey::downstream_key`].
     pub fn downstream_key(&self) -> String {
-        self.key.downstream_key()
+        self.key.downstream_key(&self.fingerprint, self.created_at)
     }
 
     /// Runs `work` while renewing this claim's lease every third of it, so that a duplicate never
@@ -524,10 +637,9 @@ impl ClaimGuard {
     /// One renewal; false once the claim is lost for good.
     async fn renew(&self) -> bool {
         let engine = &self.engine;
-        let lease_until = engine.now() + self.lease;
         let store = engine.inner.store.as_ref();
         match engine
-            .call("renew", store.renew(&self.key, self.token, lease_until))
+            .call("renew", store.renew(&self.key, self.token, self.lease))
             .await
         {
             Ok(()) => {
@@ -546,51 +658,49 @@ impl ClaimGuard {
     }
 
     /// The store no longer has this claim in flight. If its record vanished (a store that lost its
-    /// data, or a later holder released it), claims it again under the same token: the work's
+    /// data) or was released (by a later holder), claims it again under the same token: the work's
     /// effects happened, so its response must be kept. Says where the claim stands now.
     async fn reclaim(&self) -> Standing {
         let engine = &self.engine;
-        let now = engine.now();
-        if now >= self.expires_at {
-            // The key is dead anyway: its record answers "expired" or has been purged.
-            return Standing::Lost;
-        }
-        let claim = Claim {
-            key: &self.key,
-            fingerprint: self.fingerprint,
-            token: self.token,
-            now,
-            lease_until: now + self.lease,
-            expires_at: self.expires_at,
-            retain_until: self.retain_until,
-        };
         let store = engine.inner.store.as_ref();
-        let found = match engine.call("get", store.get(&self.key, now)).await {
+        let found = match engine.call("get", store.get(&self.key)).await {
             Ok(found) => found,
             Err(_) => return Standing::Held,
         };
         match found {
+            // The key is dead anyway: it answers "expired" until it is purged.
+            Some(Found { now, .. }) if now >= self.expires_at => Standing::Lost,
             // An attempt whose answer was lost had stored the response after all.
-            Some(record)
+            Some(Found { record, .. })
                 if record.token == self.token
                     && matches!(record.state, RecordState::Completed { .. }) =>
             {
                 Standing::Completed
             }
-            Some(_) => {
+            Some(Found { record, .. }) if record.state != RecordState::Released => {
                 tracing::error!(target: "idem", handler = self.handler, scope = %self.key.scope(),
                     key = %self.key.key(), "the claim was taken over while its work was running (its lease could not be renewed)");
                 Standing::Lost
             }
-            None => match engine.call("claim", store.claim(&claim)).await {
-                Ok(ClaimOutcome::Claimed { .. }) => {
-                    tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope(),
-                        key = %self.key.key(), "the store lost a running claim's record; claimed it again");
-                    Standing::Held
+            _ => {
+                let claim = Claim {
+                    key: &self.key,
+                    fingerprint: self.fingerprint,
+                    token: self.token,
+                    lease: self.lease,
+                    ttl: self.ttl,
+                    retain: self.retain,
+                };
+                match engine.call("claim", store.claim(&claim)).await {
+                    Ok(ClaimOutcome::Claimed(_)) => {
+                        tracing::warn!(target: "idem", handler = self.handler, scope = %self.key.scope(),
+                            key = %self.key.key(), "the store lost a running claim's record; claimed it again");
+                        Standing::Held
+                    }
+                    Ok(ClaimOutcome::Existing(_)) => Standing::Lost,
+                    Err(_) => Standing::Held,
                 }
-                Ok(ClaimOutcome::Existing(_)) => Standing::Lost,
-                Err(_) => Standing::Held,
-            },
+            }
         }
     }
 
@@ -703,6 +813,7 @@ mod tests {
     use tokio::time::Instant;
 
     /// Record time that follows tokio's (paused) clock, so lease expiry and tokio sleeps agree.
+    #[derive(Debug)]
     struct TokioClock {
         base: Timestamp,
         start: Instant,
@@ -741,9 +852,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_duplicate_is_woken_by_the_completion_not_by_time() {
-        let store = Arc::new(MemoryStore::new());
-        let engine =
-            Engine::from_arc(store.clone()).with_clock(ManualClock::new(Timestamp::from_millis(0)));
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let store = Arc::new(MemoryStore::new().with_clock(clock));
+        let engine = Engine::from_arc(store.clone());
         let policy = Policy::new().wait(Duration::from_secs(60));
         let key = RecordKey::new("s", "k");
         let Ok(Begin::Execute(guard)) = engine.begin(key.clone(), fp(), &policy).await else {
@@ -766,9 +877,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_duplicate_takes_over_when_the_lease_runs_out() {
-        let store = Arc::new(MemoryStore::new());
+        let store = Arc::new(MemoryStore::new().with_clock(tokio_clock()));
         let start = Instant::now();
-        let engine = Engine::from_arc(store.clone()).with_clock(tokio_clock());
+        let engine = Engine::from_arc(store.clone());
         let policy = Policy::new()
             .lease(Duration::from_secs(5))
             .wait(Duration::from_secs(60));
@@ -787,8 +898,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_kept_alive_is_never_taken_over_however_long_the_work() {
-        let store = Arc::new(MemoryStore::new());
-        let engine = Engine::from_arc(store.clone()).with_clock(tokio_clock());
+        let store = Arc::new(MemoryStore::new().with_clock(tokio_clock()));
+        let engine = Engine::from_arc(store.clone());
         let policy = Policy::new()
             .lease(Duration::from_secs(3))
             .wait(Duration::from_secs(1));
@@ -852,7 +963,10 @@ mod tests {
             .await;
         assert!(panicked.is_err());
         // The release runs in the background; wait for the key to be free.
-        while store.get(&key, engine.now()).await.unwrap().is_some() {
+        let released = |found: Option<Found>| {
+            found.is_some_and(|found| found.record.state == RecordState::Released)
+        };
+        while !released(store.get(&key).await.unwrap()) {
             tokio::task::yield_now().await;
         }
         assert!(matches!(

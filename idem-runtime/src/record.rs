@@ -78,25 +78,34 @@ impl RecordKey {
     }
 
     /// A key to pass on to the services this request's handler calls (a payment provider's own
-    /// `Idempotency-Key`, a message id): the same for every attempt at this request, whichever
-    /// instance runs it and however often it is taken over, and different for every other scope or
-    /// key. It is `idem_` and 32 hex digits of a SHA-256 over the scope and the key, so it reveals
-    /// neither and fits every provider's limit.
+    /// `Idempotency-Key`, a message id), for the record of this key first claimed at `created_at`
+    /// by a request with `fingerprint`: the same for every attempt at that record, whichever
+    /// instance runs it and however often it is taken over or resumed after a release, and
+    /// different for every other scope or key, and for a later record under the same key text (a
+    /// later window of a derived key, a key sent again after its record was purged). It is `idem_`
+    /// and 32 hex digits of a SHA-256 over all of these, so it reveals none of them and fits every
+    /// provider's limit.
     ///
     /// ```
-    /// use idem_runtime::RecordKey;
-    /// let key = RecordKey::new("user-7", "order-42");
-    /// assert_eq!(key.downstream_key(), RecordKey::new("user-7", "order-42").downstream_key());
-    /// assert_ne!(key.downstream_key(), RecordKey::new("user-8", "order-42").downstream_key());
-    /// assert_eq!(key.downstream_key().len(), 37);
+    /// use idem_runtime::{clock::Timestamp, Fingerprint, RecordKey};
+    /// let fp = Fingerprint::of_request("POST", "/payments", None, b"1000 KRW");
+    /// let (key, at) = (RecordKey::new("user-7", "order-42"), Timestamp::from_millis(1_000));
+    /// assert_eq!(key.downstream_key(&fp, at), RecordKey::new("user-7", "order-42").downstream_key(&fp, at));
+    /// assert_ne!(key.downstream_key(&fp, at), RecordKey::new("user-8", "order-42").downstream_key(&fp, at));
+    /// // The same key text, a later record: another downstream key.
+    /// assert_ne!(key.downstream_key(&fp, at), key.downstream_key(&fp, Timestamp::from_millis(90_000)));
+    /// assert_eq!(key.downstream_key(&fp, at).len(), 37);
     /// ```
-    pub fn downstream_key(&self) -> String {
+    pub fn downstream_key(&self, fingerprint: &Fingerprint, created_at: Timestamp) -> String {
         use sha2::{Digest, Sha256};
         let digest = Sha256::new()
             .chain_update(b"idem downstream key\0")
             .chain_update((self.scope.len() as u64).to_be_bytes())
             .chain_update(&self.scope)
+            .chain_update((self.key.len() as u64).to_be_bytes())
             .chain_update(&self.key)
+            .chain_update(fingerprint.0)
+            .chain_update(created_at.as_millis().to_be_bytes())
             .finalize();
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         format!("idem_{hex}")
@@ -298,6 +307,10 @@ pub enum RecordState {
         /// The stored response.
         response: StoredResponse,
     },
+    /// Its run gave the key back (a 5xx, a panic, a refused body): a retry of the same request runs
+    /// again as the same record (same times, same downstream key); another request under the key
+    /// replaces it.
+    Released,
 }
 
 /// One key's record.

@@ -10,7 +10,6 @@
 //! # }
 //! ```
 
-use crate::clock::{Clock, SystemClock};
 use crate::store::{Purge, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +18,6 @@ use std::time::Duration;
 /// holds a store's write lock for long, then sleeps `interval`.
 pub struct Sweeper {
     store: Arc<dyn Purge>,
-    clock: Arc<dyn Clock>,
     interval: Duration,
     batch_size: usize,
 }
@@ -34,11 +32,11 @@ impl std::fmt::Debug for Sweeper {
 }
 
 impl Sweeper {
-    /// A sweeper for `store`: every 60 s, batches of 1,000, on the system clock.
+    /// A sweeper for `store`: every 60 s, batches of 1,000. What is past retention is the store's
+    /// to judge, by its own clock, so an instance whose clock runs ahead purges nothing early.
     pub fn new(store: impl Purge) -> Self {
         Self {
             store: Arc::new(store),
-            clock: Arc::new(SystemClock),
             interval: Duration::from_secs(60),
             batch_size: 1_000,
         }
@@ -56,18 +54,11 @@ impl Sweeper {
         self
     }
 
-    /// Uses `clock` to decide what is past retention.
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
     /// One sweep: deletes batches until a batch comes back short. Returns how many were deleted.
     pub async fn sweep_once(&self) -> Result<u64, StoreError> {
-        let now = self.clock.now();
         let mut total = 0;
         loop {
-            let n = self.store.purge_expired(now, self.batch_size).await?;
+            let n = self.store.purge_expired(self.batch_size).await?;
             total += n;
             if n < self.batch_size as u64 {
                 return Ok(total);

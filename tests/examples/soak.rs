@@ -8,7 +8,7 @@
 //! The load runs in rounds of 30 s. In a round, `workers` clients create payments under fresh keys
 //! for 20 users, and of those requests 20 % are followed by a retry (same key, the JSON re-ordered), 10 % are sent
 //! twice at once, and 10 % are followed by a mismatch (same key, another amount). Between rounds the
-//! load pauses, the engine's clock jumps 8 days (past the 7-day retention) and the sweeper, which
+//! load pauses, the store's clock jumps 8 days (past the 7-day retention) and the sweeper, which
 //! runs all along, purges the round's records.
 //!
 //! Checked after every round and printed: every response to a key named the same payment; every
@@ -36,7 +36,7 @@ const ROUND: Duration = Duration::from_secs(30);
 const JUMP: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// The system clock plus an offset that the soak moves between rounds.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 struct JumpClock(Arc<AtomicI64>);
 
 impl Clock for JumpClock {
@@ -204,14 +204,15 @@ fn rss_kib() -> u64 {
 type Counter =
     Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = u64> + Send>> + Send + Sync>;
 
+/// Runs the soak on `store`, which judges time by `clock`.
 async fn soak<S: Store + Purge>(
     store: Arc<S>,
+    clock: JumpClock,
     count: Counter,
     seconds: u64,
     workers: usize,
 ) -> bool {
-    let clock = JumpClock::default();
-    let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
+    let engine = Engine::from_arc(store.clone());
     let dir = tempfile::tempdir().expect("temp dir");
     let ledger = Ledger::open(&format!(
         "sqlite://{}?mode=rwc",
@@ -236,7 +237,6 @@ async fn soak<S: Store + Purge>(
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, router).await });
     let sweeper = Sweeper::new(store.clone())
-        .with_clock(clock.clone())
         .interval(Duration::from_millis(500))
         .batch_size(500);
     tokio::spawn(sweeper.run());
@@ -325,12 +325,16 @@ async fn main() {
     let seconds: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(180);
     let workers: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(16);
     println!("soak: {which}, {seconds} s, {workers} workers");
+    // The stores judge time by it; the soak moves it between rounds.
+    let clock = JumpClock::default();
     let ok = match which.as_str() {
         "memory" => {
-            let store = Arc::new(idem_runtime::store::memory::MemoryStore::new());
+            let store =
+                Arc::new(idem_runtime::store::memory::MemoryStore::new().with_clock(clock.clone()));
             let s = store.clone();
             soak(
                 store,
+                clock,
                 Box::new(move || {
                     let n = s.len() as u64;
                     Box::pin(async move { n })
@@ -342,7 +346,7 @@ async fn main() {
         }
         "sqlite" => {
             let backend = proof_support::sqlite().await;
-            let store = Arc::new(backend.open().await);
+            let store = Arc::new(backend.open(Arc::new(clock.clone())).await);
             let pool = store.pool().clone();
             let counter: Counter = Box::new(move || {
                 let pool = pool.clone();
@@ -353,11 +357,11 @@ async fn main() {
                         .expect("count") as u64
                 })
             });
-            soak(store, counter, seconds, workers).await
+            soak(store, clock, counter, seconds, workers).await
         }
         "postgres" => {
             let backend = proof_support::postgres().await;
-            let store = Arc::new(backend.open().await);
+            let store = Arc::new(backend.open(Arc::new(clock.clone())).await);
             let pool = store.pool().clone();
             let counter: Counter = Box::new(move || {
                 let pool = pool.clone();
@@ -368,11 +372,11 @@ async fn main() {
                         .expect("count") as u64
                 })
             });
-            soak(store, counter, seconds, workers).await
+            soak(store, clock, counter, seconds, workers).await
         }
         "redis" => {
             let backend = proof_support::redis().await;
-            let store = Arc::new(backend.open().await);
+            let store = Arc::new(backend.open(Arc::new(clock.clone())).await);
             let (url, pattern) = (backend.url().to_owned(), format!("{}:*", backend.prefix()));
             let counter: Counter = Box::new(move || {
                 let (url, pattern) = (url.clone(), pattern.clone());
@@ -403,7 +407,7 @@ async fn main() {
                     }
                 })
             });
-            let ok = soak(store, counter, seconds, workers).await;
+            let ok = soak(store, clock, counter, seconds, workers).await;
             drop(backend);
             ok
         }

@@ -15,13 +15,13 @@
 //! the service (see [`services`](crate::services)):
 //! `conformance_suite!(postgres, #[cfg_attr(skip_postgres, ignore = "…")])`.
 //!
-//! Time is a [`ManualClock`]: expiry, lease takeover and purging are driven by moving it, never by
-//! sleeping. Waiting is synchronised on the store's own subscription (a wrapper signals when the
+//! Time is a [`ManualClock`] that the store judges by (every backend takes one in place of its own
+//! clock): expiry, lease takeover and purging are driven by moving it, never by sleeping. Waiting is synchronised on the store's own subscription (a wrapper signals when the
 //! duplicate has subscribed), so no case depends on timing.
 
 use axum::http::header::{HeaderName, HeaderValue, CONTENT_TYPE, LOCATION};
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
-use idem_runtime::store::{Claim, ClaimOutcome, Purge, Subscription};
+use idem_runtime::store::{Claim, ClaimOutcome, Found, Purge, Subscription};
 use idem_runtime::sweeper::Sweeper;
 use idem_runtime::{
     Begin, Engine, FencingToken, Fingerprint, Policy, Record, RecordKey, RecordState, Rejection,
@@ -38,9 +38,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The store type.
     type Store: Store + Purge;
 
-    /// Opens a handle onto this backend's storage. For durable backends, every handle sees the same
-    /// records (two handles are two service instances; reopening is a restart).
-    async fn open(&self) -> Self::Store;
+    /// Opens a handle onto this backend's storage that judges time by `clock` instead of its own.
+    /// For durable backends, every handle sees the same records (two handles are two service
+    /// instances; reopening is a restart).
+    async fn open(&self, clock: Arc<dyn Clock>) -> Self::Store;
 
     /// Whether records survive dropping every handle and opening a new one.
     fn durable(&self) -> bool;
@@ -150,12 +151,12 @@ impl<S: Store> Store for Observed<S> {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
-        self.inner.renew(key, token, lease_until).await
+        self.inner.renew(key, token, lease).await
     }
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        self.inner.get(key).await
     }
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         let sub = self.inner.subscribe(key);
@@ -221,7 +222,7 @@ pub async fn a_completion_or_release_wakes_its_key_on_another_instance<S: Store>
     const GENEROUS: Duration = Duration::from_secs(30);
     for complete in [true, false] {
         let key = fresh_key();
-        let claim = Claim::fresh(&key, fp("a"), T0, &policy());
+        let claim = claim_of(&key, fp("a"));
         a.claim(&claim).await.expect("claim");
         let mut woken = b.subscribe(&key);
         let mut other = b.subscribe(&fresh_key());
@@ -236,14 +237,14 @@ pub async fn a_completion_or_release_wakes_its_key_on_another_instance<S: Store>
         tokio::time::timeout(GENEROUS, woken.changed())
             .await
             .expect("b was woken by a's completion or release");
-        let record = b.get(&key, T0).await.expect("get");
-        assert_eq!(
-            record.map(|r| r.state),
-            complete.then(|| RecordState::Completed {
-                response: response("a")
-            }),
-            "b reads what a wrote"
-        );
+        let record = b.get(&key).await.expect("get").expect("the record");
+        let expected = match complete {
+            true => RecordState::Completed {
+                response: response("a"),
+            },
+            false => RecordState::Released,
+        };
+        assert_eq!(record.record.state, expected, "b reads what a wrote");
         let woken = tokio::time::timeout(Duration::ZERO, other.changed()).await;
         assert!(woken.is_err(), "a waiter on another key was woken");
     }
@@ -268,10 +269,10 @@ impl Store for Down {
     async fn release(&self, _: &RecordKey, _: FencingToken) -> Result<(), StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
-    async fn renew(&self, _: &RecordKey, _: FencingToken, _: Timestamp) -> Result<(), StoreError> {
+    async fn renew(&self, _: &RecordKey, _: FencingToken, _: Duration) -> Result<(), StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
-    async fn get(&self, _: &RecordKey, _: Timestamp) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, _: &RecordKey) -> Result<Option<Found>, StoreError> {
         Err(StoreError::unavailable("connection refused"))
     }
     fn subscribe(&self, _: &RecordKey) -> Subscription {
@@ -279,28 +280,41 @@ impl Store for Down {
     }
 }
 
-/// One store handle, an engine on a manual clock, and the clock.
+/// A claim of `key` by a request with `fingerprint`, under [`policy`], with a fresh token.
+pub fn claim_of(key: &RecordKey, fingerprint: Fingerprint) -> Claim<'_> {
+    let policy = policy();
+    Claim {
+        key,
+        fingerprint,
+        token: FencingToken::generate(),
+        lease: policy.lease,
+        ttl: policy.ttl,
+        retain: policy.retain,
+    }
+}
+
+/// One store handle judging time by a manual clock, an engine over it, and the clock.
 pub struct Harness<S: Store> {
     /// The store under test.
     pub store: Arc<Observed<S>>,
-    /// The clock the engine stamps records with.
+    /// The clock the store judges time by.
     pub clock: ManualClock,
     /// The engine.
     pub engine: Engine,
 }
 
-impl<S: Store> Harness<S> {
-    /// A harness over `store` at [`T0`].
-    pub fn new(store: S) -> Self {
-        Self::with_clock(store, ManualClock::new(T0))
-    }
+/// A harness over a new handle of `b`, on a store clock standing at [`T0`].
+pub async fn harness<B: Backend>(b: &B) -> Harness<B::Store> {
+    let clock = ManualClock::new(T0);
+    Harness::new(b.open(Arc::new(clock.clone())).await, clock)
+}
 
-    /// A harness over `store` sharing `clock` (a second instance).
-    pub fn with_clock(store: S, clock: ManualClock) -> Self {
+impl<S: Store> Harness<S> {
+    /// A harness over `store`, which judges time by `clock`.
+    pub fn new(store: S, clock: ManualClock) -> Self {
         let store = Arc::new(Observed::new(store));
-        let engine = Engine::from_arc(store.clone())
-            .with_clock(clock.clone())
-            .with_store_timeout(Some(Duration::from_secs(10)));
+        let engine =
+            Engine::from_arc(store.clone()).with_store_timeout(Some(Duration::from_secs(10)));
         Self {
             store,
             clock,
@@ -309,7 +323,11 @@ impl<S: Store> Harness<S> {
     }
 
     async fn get(&self, key: &RecordKey) -> Option<Record> {
-        self.store.get(key, self.clock.now()).await.expect("get")
+        let found = self.store.get(key).await.expect("get");
+        found.map(|found| {
+            assert_eq!(found.now, self.clock.now(), "a read carries the store's time");
+            found.record
+        })
     }
 }
 
@@ -330,7 +348,7 @@ fn replay(begin: Result<Begin, Rejection>) -> idem_runtime::Replay {
 /// Outcome 1 and 2: a new key runs; the record holds exactly what was claimed and then completed;
 /// the retry replays it byte for byte.
 pub async fn new_key_executes_then_replays<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     assert!(!guard.taken_over());
@@ -369,7 +387,7 @@ pub async fn new_key_executes_then_replays<B: Backend>(b: B) {
 
 /// An empty body and an error status are stored as faithfully as a 201.
 pub async fn stored_response_round_trips<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let stored = StoredResponse {
         status: 409,
@@ -389,7 +407,7 @@ pub async fn stored_response_round_trips<B: Backend>(b: B) {
 /// Outcome 3: the same key with another request is a mismatch, whether the original completed or is
 /// still in flight, and never waits for or sees the original's response.
 pub async fn different_request_is_a_mismatch<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(
         h.engine
@@ -414,7 +432,7 @@ pub async fn different_request_is_a_mismatch<B: Backend>(b: B) {
 /// Outcome 4: an identical duplicate waits for the in-flight original, is woken by its completion,
 /// and replays it.
 pub async fn duplicate_waits_then_replays<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     let subscribed = h.store.subscribed.clone();
@@ -432,7 +450,7 @@ pub async fn duplicate_waits_then_replays<B: Backend>(b: B) {
 
 /// Outcome 4, at the bound: still running when the wait runs out is a conflict with a retry hint.
 pub async fn in_flight_at_the_bound_is_a_conflict<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let _guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     match h.engine.begin(key.clone(), fp("a"), &policy()).await {
@@ -456,7 +474,7 @@ pub async fn in_flight_at_the_bound_is_a_conflict<B: Backend>(b: B) {
 /// Outcome 5: a claim whose lease ran out is taken over with a new token; the old worker's late
 /// completion and release are fenced off and change nothing.
 pub async fn dead_worker_is_taken_over_and_fenced<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let old = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     h.clock.advance(LEASE);
@@ -506,7 +524,7 @@ pub async fn dead_worker_is_taken_over_and_fenced<B: Backend>(b: B) {
 /// Outcome 6: past its ttl a key answers "expired" (whatever is asked), is kept as a tombstone until
 /// retention ends, is purged then, and only then runs again as a new key.
 pub async fn expired_key_is_a_tombstone_until_purged<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
         .complete(&response("a"))
@@ -523,7 +541,7 @@ pub async fn expired_key_is_a_tombstone_until_purged<B: Backend>(b: B) {
     assert_eq!(
         h.store
             .inner
-            .purge_expired(h.clock.now(), 100)
+            .purge_expired(100)
             .await
             .expect("purge"),
         0
@@ -533,7 +551,7 @@ pub async fn expired_key_is_a_tombstone_until_purged<B: Backend>(b: B) {
     assert!(
         h.store
             .inner
-            .purge_expired(h.clock.now(), 100)
+            .purge_expired(100)
             .await
             .expect("purge")
             >= 1
@@ -546,7 +564,7 @@ pub async fn expired_key_is_a_tombstone_until_purged<B: Backend>(b: B) {
 
 /// A key that was in flight when its ttl passed is expired too, not taken over.
 pub async fn expired_in_flight_key_is_not_taken_over<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let _dead = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     h.clock.advance(TTL);
@@ -556,7 +574,7 @@ pub async fn expired_in_flight_key_is_not_taken_over<B: Backend>(b: B) {
 
 /// Records past retention count as absent even before a sweep deletes them.
 pub async fn forgotten_record_is_replaced_without_a_sweep<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
         .complete(&response("a"))
@@ -597,15 +615,15 @@ pub async fn unreachable_store_is_unavailable<B: Backend>(b: B) {
 /// waits and replays its response.
 pub async fn concurrent_claims_elect_exactly_one<B: Backend>(b: B) {
     const N: usize = 24;
-    let first = Harness::new(b.open().await);
+    let first = harness(&b).await;
     let second_store = if b.durable() {
-        Some(b.open().await)
+        Some(b.open(Arc::new(first.clock.clone())).await)
     } else {
         None
     };
     let engines = match second_store {
         Some(store) => {
-            let second = Harness::with_clock(store, first.clock.clone());
+            let second = Harness::new(store, first.clock.clone());
             vec![first.engine.clone(), second.engine.clone()]
         }
         None => vec![first.engine.clone(), first.engine.clone()],
@@ -638,7 +656,7 @@ pub async fn concurrent_claims_elect_exactly_one<B: Backend>(b: B) {
 
 /// A key belongs to its scope: two callers' identical keys never meet.
 pub async fn keys_are_scoped_to_the_caller<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let alice = RecordKey::new(format!("alice-{}", uuid::Uuid::new_v4()), "same-key");
     let bob = RecordKey::new(format!("bob-{}", uuid::Uuid::new_v4()), "same-key");
     execute(h.engine.begin(alice.clone(), fp("a"), &policy()).await)
@@ -659,18 +677,21 @@ pub async fn keys_are_scoped_to_the_caller<B: Backend>(b: B) {
     );
 }
 
-/// A released claim (the handler failed) is gone: the next request runs, and a waiting duplicate is
+/// A released claim (the handler failed) lets the next request run: the same request resumes the
+/// same record (its times and downstream key kept, not a takeover), and a waiting duplicate is
 /// woken by the release and runs itself.
 pub async fn release_lets_the_next_request_run<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
-    execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
-        .release()
-        .await
-        .expect("release");
-    assert!(h.get(&key).await.is_none());
+    let first = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    let downstream = first.downstream_key();
+    first.release().await.expect("release");
+    assert_eq!(h.get(&key).await.expect("record").state, RecordState::Released);
+    h.clock.advance(Duration::from_secs(1));
     let second = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     assert!(!second.taken_over());
+    assert_eq!(second.downstream_key(), downstream, "the same record");
+    assert_eq!(h.get(&key).await.expect("record").created_at, T0);
 
     let subscribed = h.store.subscribed.clone();
     let engine = h.engine.clone();
@@ -685,7 +706,7 @@ pub async fn release_lets_the_next_request_run<B: Backend>(b: B) {
 /// A claim dropped while a panic unwinds is released in the background; one dropped otherwise (a
 /// task aborted, a process stopping) is left to its lease, like a crash, and then taken over.
 pub async fn dropped_claim_is_released_only_on_a_panic<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     let mut released = h.store.subscribe(&key);
@@ -696,7 +717,7 @@ pub async fn dropped_claim_is_released_only_on_a_panic<B: Backend>(b: B) {
     .await;
     assert!(panicked.is_err());
     released.changed().await;
-    assert!(h.get(&key).await.is_none());
+    assert_eq!(h.get(&key).await.expect("record").state, RecordState::Released);
 
     let key = fresh_key();
     drop(execute(
@@ -711,13 +732,13 @@ pub async fn dropped_claim_is_released_only_on_a_panic<B: Backend>(b: B) {
 /// A renewal moves the lease of the current claim only: a claim renewed in time is never taken
 /// over; a stranger's token, a claim taken over, and a completed record refuse it.
 pub async fn renewal_moves_the_lease_of_the_current_claim_only<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     for _ in 0..3 {
         h.clock.advance(LEASE * 2 / 3);
         h.store
-            .renew(&key, guard.token(), h.clock.now() + LEASE)
+            .renew(&key, guard.token(), LEASE)
             .await
             .expect("the holder renews");
         let held = h.engine.begin(key.clone(), fp("a"), &policy()).await;
@@ -730,7 +751,7 @@ pub async fn renewal_moves_the_lease_of_the_current_claim_only<B: Backend>(b: B)
         }
     );
     let stranger = FencingToken(guard.token().0.wrapping_add(1));
-    let refused = h.store.renew(&key, stranger, h.clock.now() + LEASE).await;
+    let refused = h.store.renew(&key, stranger, LEASE).await;
     assert_eq!(refused.expect_err("fenced").kind(), StoreErrorKind::Fenced);
 
     // Once the renewals stop, the lease runs out and a takeover fences the old token for good.
@@ -739,27 +760,26 @@ pub async fn renewal_moves_the_lease_of_the_current_claim_only<B: Backend>(b: B)
     assert!(heir.taken_over());
     let late = h
         .store
-        .renew(&key, guard.token(), h.clock.now() + LEASE)
+        .renew(&key, guard.token(), LEASE)
         .await;
     assert_eq!(late.expect_err("fenced").kind(), StoreErrorKind::Fenced);
     let token = heir.token();
     heir.complete(&response("a")).await.expect("complete");
-    let done = h.store.renew(&key, token, h.clock.now() + LEASE).await;
+    let done = h.store.renew(&key, token, LEASE).await;
     assert_eq!(done.expect_err("fenced").kind(), StoreErrorKind::Fenced);
-    let missing = h.store.renew(&fresh_key(), token, h.clock.now()).await;
+    let missing = h.store.renew(&fresh_key(), token, LEASE).await;
     assert_eq!(missing.expect_err("fenced").kind(), StoreErrorKind::Fenced);
 }
 
-/// A store that lost a running claim's record (restarted without persistence, flushed) gets it back
-/// from the holder's completion, under the same token: the retry replays the response instead of
-/// running again.
+/// A claim whose record was released under its holder (by a later holder, or here by its own
+/// token) gets it back at the holder's completion, under the same token: the retry replays the
+/// response instead of running again.
 pub async fn a_lost_record_is_claimed_back_by_its_completion<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
-    // The record vanishes under the holder (here by its own token, as a flush would).
-    h.store.release(&key, guard.token()).await.expect("vanish");
-    assert!(h.get(&key).await.is_none());
+    h.store.release(&key, guard.token()).await.expect("release");
+    assert_eq!(h.get(&key).await.expect("record").state, RecordState::Released);
     guard
         .complete(&response("a"))
         .await
@@ -774,7 +794,7 @@ pub async fn a_lost_record_is_claimed_back_by_its_completion<B: Backend>(b: B) {
 /// id) and a key at the limit are stored within every store's limits, replay, and never meet a
 /// pair that differs only past the stored head.
 pub async fn long_scopes_and_keys_stay_within_the_stores_limits<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let long = format!("{tag}{}", "u".repeat(3000));
     let pairs = [
@@ -803,7 +823,7 @@ pub async fn long_scopes_and_keys_stay_within_the_stores_limits<B: Backend>(b: B
 
 /// Completion and release need the record's current token and an in-flight record.
 pub async fn completion_requires_the_current_token<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     let stranger = FencingToken(guard.token().0.wrapping_add(1));
@@ -853,7 +873,7 @@ pub async fn restart_keeps_records<B: Backend>(b: B) {
     }
     let (done, held) = (fresh_key(), fresh_key());
     {
-        let h = Harness::new(b.open().await);
+        let h = harness(&b).await;
         execute(h.engine.begin(done.clone(), fp("a"), &policy()).await)
             .complete(&response("a"))
             .await
@@ -861,7 +881,7 @@ pub async fn restart_keeps_records<B: Backend>(b: B) {
         let guard = execute(h.engine.begin(held.clone(), fp("a"), &policy()).await);
         std::mem::forget(guard); // the process dies holding it: no release
     }
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     assert_eq!(
         replay(h.engine.begin(done, fp("a"), &policy()).await).response,
         response("a")
@@ -872,7 +892,7 @@ pub async fn restart_keeps_records<B: Backend>(b: B) {
 
 /// Purging deletes only records past retention, at most a batch per call; the sweeper loops batches.
 pub async fn purge_deletes_in_batches<B: Backend>(b: B) {
-    let h = Harness::new(b.open().await);
+    let h = harness(&b).await;
     let scope = format!("purge-{}", uuid::Uuid::new_v4());
     for i in 0..25 {
         let key = RecordKey::new(scope.clone(), format!("k{i}"));
@@ -895,13 +915,11 @@ pub async fn purge_deletes_in_batches<B: Backend>(b: B) {
     let first = h
         .store
         .inner
-        .purge_expired(h.clock.now(), 10)
+        .purge_expired(10)
         .await
         .expect("purge");
     assert_eq!(first, 10, "a batch is capped");
-    let sweeper = Sweeper::new(ArcPurge(h.store.clone()))
-        .batch_size(7)
-        .with_clock(h.clock.clone());
+    let sweeper = Sweeper::new(ArcPurge(h.store.clone())).batch_size(7);
     assert!(sweeper.sweep_once().await.expect("sweep") >= 15);
     for i in 0..25 {
         let key = RecordKey::new(scope.clone(), format!("k{i}"));
@@ -913,12 +931,159 @@ pub async fn purge_deletes_in_batches<B: Backend>(b: B) {
     );
 }
 
+/// A released record is the same record only for its own request: another request under the key
+/// replaces it with a new record (new times, new downstream key), and so does the same request
+/// once the record expired, was purged and is claimed again.
+pub async fn a_new_record_under_the_same_key_gets_a_new_downstream_key<B: Backend>(b: B) {
+    let h = harness(&b).await;
+    let key = fresh_key();
+    let first = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    let downstream = first.downstream_key();
+    first.release().await.expect("release");
+    h.clock.advance(Duration::from_secs(1));
+    let other = execute(h.engine.begin(key.clone(), fp("b"), &policy()).await);
+    assert_ne!(other.downstream_key(), downstream);
+    assert_eq!(
+        h.get(&key).await.expect("record").created_at,
+        T0 + Duration::from_secs(1),
+        "another request's claim is a new record"
+    );
+    let second = other.downstream_key();
+    other.complete(&response("b")).await.expect("complete");
+    // The same request, sent again once its record is gone: a new record, a new downstream key.
+    h.clock.advance(RETAIN);
+    h.store.inner.purge_expired(100).await.expect("purge");
+    let again = execute(h.engine.begin(key.clone(), fp("b"), &policy()).await);
+    assert_ne!(again.downstream_key(), second);
+    again.complete(&response("b2")).await.expect("complete");
+}
+
+/// Instances judge nothing by their own clocks: an engine whose clock is a lease and 50 s, or a
+/// day and an hour, ahead of or behind the store's never takes over a live claim, never answers
+/// "expired" to a fresh record, and purges nothing early.
+pub async fn skewed_instance_clocks_change_nothing<B: Backend>(b: B) {
+    let h = harness(&b).await;
+    let day_and_hour = Duration::from_secs(25 * 3600);
+    let lease_and_50s = LEASE + Duration::from_secs(50);
+    for (ahead, skew) in [
+        (true, lease_and_50s),
+        (false, lease_and_50s),
+        (true, day_and_hour),
+        (false, day_and_hour),
+    ] {
+        let skewed_at = match ahead {
+            true => T0 + skew,
+            false => Timestamp::from_millis(T0.as_millis() - skew.as_millis() as i64),
+        };
+        let skewed = Engine::from_arc(h.store.clone()).with_clock(ManualClock::new(skewed_at));
+        let key = fresh_key();
+        let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+        let held = skewed.begin(key.clone(), fp("a"), &policy()).await;
+        assert!(
+            matches!(held, Err(Rejection::InFlight { .. })),
+            "{skew:?} {}: {held:?}",
+            if ahead { "ahead" } else { "behind" }
+        );
+        guard.complete(&response("a")).await.expect("complete");
+        let replayed = replay(skewed.begin(key.clone(), fp("a"), &policy()).await);
+        assert_eq!(replayed.expires_at, T0 + TTL);
+        // A sweep from the skewed instance deletes nothing that is still retained.
+        Sweeper::new(ArcPurge(h.store.clone()))
+            .sweep_once()
+            .await
+            .expect("sweep");
+        assert!(h.get(&key).await.is_some(), "purged early");
+        // A claim from the skewed instance is stamped by the store.
+        let fresh = fresh_key();
+        let own = execute(skewed.begin(fresh.clone(), fp("a"), &policy()).await);
+        assert_eq!(own.expires_at(), T0 + TTL);
+        assert_eq!(h.get(&fresh).await.expect("record").created_at, T0);
+        own.complete(&response("own")).await.expect("complete");
+    }
+}
+
+/// A store wrapper whose claims wait at a gate: a case can drop the request while its claim is on
+/// its way to the store, then let the claim land.
+struct Gated<S> {
+    inner: S,
+    arrived: Arc<Notify>,
+    open: Arc<Notify>,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Store for Gated<S> {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.arrived.notify_one();
+        self.open.notified().await;
+        self.inner.claim(claim).await
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, token, response).await
+    }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        self.inner.get(key).await
+    }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.inner.subscribe(key)
+    }
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.inner.announce_waiter(key).await
+    }
+}
+
+/// A request dropped while its claim is on its way (a client that hung up right after sending)
+/// leaves no key claimed by nobody: the claim lands, finds no one waiting for it, and is released,
+/// so the retry runs at once as the same record instead of waiting for the lease.
+pub async fn a_claim_whose_request_was_dropped_is_released<B: Backend>(b: B) {
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(b.open(Arc::new(clock)).await);
+    let gated = Arc::new(Gated {
+        inner: store.clone(),
+        arrived: Arc::new(Notify::new()),
+        open: Arc::new(Notify::new()),
+    });
+    let engine = Engine::from_arc(gated.clone());
+    let key = fresh_key();
+    let request = {
+        let (engine, key) = (engine.clone(), key.clone());
+        tokio::spawn(async move { engine.begin(key, fp("a"), &policy()).await })
+    };
+    gated.arrived.notified().await;
+    request.abort();
+    assert!(request.await.expect_err("aborted").is_cancelled());
+    let mut settled = store.subscribe(&key);
+    gated.open.notify_one();
+    settled.changed().await;
+    let found = store.get(&key).await.expect("get").expect("the claim landed");
+    assert_eq!(found.record.state, RecordState::Released);
+    // The retry (on the store directly: no gate) resumes it at once; not a takeover.
+    let retry = execute(Engine::from_arc(store).begin(key, fp("a"), &policy()).await);
+    assert!(!retry.taken_over());
+    retry.complete(&response("a")).await.expect("complete");
+}
+
 struct ArcPurge<S>(Arc<Observed<S>>);
 
 #[async_trait::async_trait]
 impl<S: Store + Purge> Purge for ArcPurge<S> {
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
-        self.0.inner.purge_expired(now, batch).await
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        self.0.inner.purge_expired(batch).await
     }
 }
 
@@ -948,6 +1113,9 @@ macro_rules! conformance_suite {
             long_scopes_and_keys_stay_within_the_stores_limits,
             restart_keeps_records,
             purge_deletes_in_batches,
+            a_new_record_under_the_same_key_gets_a_new_downstream_key,
+            skewed_instance_clocks_change_nothing,
+            a_claim_whose_request_was_dropped_is_released,
         );
     };
     // The attribute travels as one token tree, so that it can be repeated for every case.

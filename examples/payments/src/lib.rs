@@ -271,17 +271,18 @@ pub async fn state(config: &Config) -> Result<AppState, StartError> {
             .into_iter()
             .chain(upkeep),
     );
-    let engine = Engine::from_arc(records.store);
-    let transactional = match records.shared {
-        Some(store::SharedStore::Sqlite(store)) => Some(Txn::Sqlite(
-            Transactional::new(engine.clone(), store)
-                .map_err(|e| StartError::Store(e.to_string()))?,
-        )),
-        Some(store::SharedStore::Postgres(store)) => Some(Txn::Postgres(
-            Transactional::new(engine.clone(), store)
-                .map_err(|e| StartError::Store(e.to_string()))?,
-        )),
-        None => None,
+    // With the records in the ledger's database, one engine serves both kinds of handler: the
+    // transactional one's.
+    let (engine, transactional) = match records.shared {
+        Some(store::SharedStore::Sqlite(store)) => {
+            let txn = Transactional::new(store);
+            (txn.engine().clone(), Some(Txn::Sqlite(txn)))
+        }
+        Some(store::SharedStore::Postgres(store)) => {
+            let txn = Transactional::new(store);
+            (txn.engine().clone(), Some(Txn::Postgres(txn)))
+        }
+        None => (Engine::from_arc(records.store), None),
     };
     let card = card::CardNetwork::new(ledger.database().clone(), config.payment_latency);
     Ok(AppState {

@@ -7,12 +7,15 @@
 //! (oldest first), and [`Purge`] evicts in batches. Nothing survives a restart, and a second
 //! process never sees these records: use SQLite, PostgreSQL or Redis for that.
 
-use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
-use crate::clock::Timestamp;
+use super::{
+    Claim, ClaimOutcome, ClaimRule, Found, Purge, Store, StoreError, Subscription, Waiters,
+};
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use crate::sync::{Mutex, MutexGuard};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 /// How many records past retention one claim evicts at most (keeps each critical section short).
 const EVICT_PER_CLAIM: usize = 8;
@@ -24,10 +27,29 @@ const EVICT_PER_CLAIM: usize = 8;
 /// let engine = Engine::new(MemoryStore::new());
 /// # let _ = engine;
 /// ```
-#[derive(Debug, Default)]
 pub struct MemoryStore {
     records: Mutex<Records>,
     waiters: Waiters,
+    /// The store's time: this process's clock (see "Time is the store's" in [`crate::store`]).
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            records: Mutex::default(),
+            waiters: Waiters::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.lock().by_key.len())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -44,12 +66,6 @@ impl Records {
             self.by_retention.remove(&(old.retain_until, key.clone()));
         }
         self.by_retention.insert((retain_until, key.clone()));
-    }
-
-    fn remove(&mut self, key: &RecordKey) {
-        if let Some(old) = self.by_key.remove(key) {
-            self.by_retention.remove(&(old.retain_until, key.clone()));
-        }
     }
 
     /// Removes at most `limit` records past retention at `now`, oldest first; returns how many.
@@ -77,9 +93,16 @@ impl Records {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store on the system clock.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Judges every time by `clock` instead of the system clock (tests move a
+    /// [`ManualClock`](crate::clock::ManualClock) to expire keys and leases).
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// How many records are held, past retention or not.
@@ -110,22 +133,19 @@ impl Store for MemoryStore {
         "memory"
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let now = self.clock.now();
         let mut records = self.lock();
-        records.evict(claim.now, EVICT_PER_CLAIM);
-        match records.by_key.get_mut(claim.key) {
-            Some(record) if !record.is_forgotten(claim.now) => {
-                if !claim.can_take_over(record) {
-                    return Ok(ClaimOutcome::Existing(record.clone()));
-                }
-                record.token = claim.token;
-                record.state = RecordState::InFlight {
-                    lease_until: claim.lease_until,
-                };
-                Ok(ClaimOutcome::Claimed { taken_over: true })
-            }
+        records.evict(now, EVICT_PER_CLAIM);
+        let record = records.by_key.get_mut(claim.key);
+        match (claim.decide(record.as_deref(), now), record) {
+            // Taken over, resumed or kept: the record's `retain_until`, and so its place in the
+            // retention index, stays.
+            (rule, Some(record)) if rule != ClaimRule::Insert => Ok(claim.apply(rule, record, now)),
             _ => {
-                records.insert(claim.key, claim.record());
-                Ok(ClaimOutcome::Claimed { taken_over: false })
+                let mut fresh = claim.record(now);
+                let outcome = claim.apply(ClaimRule::Insert, &mut fresh, now);
+                records.insert(claim.key, fresh);
+                Ok(outcome)
             }
         }
     }
@@ -152,10 +172,10 @@ impl Store for MemoryStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         {
             let mut records = self.lock();
-            records
+            let record = records
                 .in_flight_under(key, token)
                 .ok_or_else(StoreError::fenced)?;
-            records.remove(key);
+            record.state = RecordState::Released;
         }
         self.waiters.notify(key);
         Ok(())
@@ -165,23 +185,30 @@ impl Store for MemoryStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
+        let now = self.clock.now();
         let mut records = self.lock();
         let record = records
             .in_flight_under(key, token)
             .ok_or_else(StoreError::fenced)?;
-        record.state = RecordState::InFlight { lease_until };
+        record.state = RecordState::InFlight {
+            lease_until: now + lease,
+        };
         Ok(())
     }
 
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        let now = self.clock.now();
         Ok(self
             .lock()
             .by_key
             .get(key)
             .filter(|r| !r.is_forgotten(now))
-            .cloned())
+            .map(|record| Found {
+                record: record.clone(),
+                now,
+            }))
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -191,7 +218,8 @@ impl Store for MemoryStore {
 
 #[async_trait::async_trait]
 impl Purge for MemoryStore {
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        let now = self.clock.now();
         Ok(self.lock().evict(now, batch) as u64)
     }
 }
@@ -199,76 +227,119 @@ impl Purge for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::fingerprint::Fingerprint;
+    use crate::store::Claimed;
 
-    fn at(ms: i64) -> Timestamp {
-        Timestamp::from_millis(ms)
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
     }
 
-    fn claim(key: &RecordKey, token: i64, now: i64, retain: i64) -> Claim<'_> {
+    /// A claim with a 10 ms lease whose record is retained (and expires) after `retain` ms.
+    fn claim(key: &RecordKey, token: i64, retain: u64) -> Claim<'_> {
         Claim {
             key,
             fingerprint: Fingerprint([7; 32]),
             token: FencingToken(token),
-            now: at(now),
-            lease_until: at(now + 10),
-            expires_at: at(retain),
-            retain_until: at(retain),
+            lease: ms(10),
+            ttl: ms(retain),
+            retain: ms(retain),
         }
+    }
+
+    fn store() -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        (MemoryStore::new().with_clock(clock.clone()), clock)
     }
 
     #[tokio::test]
     async fn purge_removes_only_records_past_retention_in_batches() {
-        let store = MemoryStore::new();
+        let (store, clock) = store();
         let keys: Vec<RecordKey> = (0..10)
             .map(|i| RecordKey::new("s", i.to_string()))
             .collect();
         for (i, key) in keys.iter().enumerate() {
             // Keys 0..5 are retained until 100, keys 5..10 until 1000.
             let retain = if i < 5 { 100 } else { 1000 };
-            store.claim(&claim(key, 1, 0, retain)).await.expect("claim");
+            store.claim(&claim(key, 1, retain)).await.expect("claim");
         }
-        assert_eq!(store.purge_expired(at(100), 3).await.expect("purge"), 3);
-        assert_eq!(store.purge_expired(at(100), 3).await.expect("purge"), 2);
-        assert_eq!(store.purge_expired(at(100), 3).await.expect("purge"), 0);
+        clock.advance(ms(100));
+        assert_eq!(store.purge_expired(3).await.expect("purge"), 3);
+        assert_eq!(store.purge_expired(3).await.expect("purge"), 2);
+        assert_eq!(store.purge_expired(3).await.expect("purge"), 0);
         assert_eq!(store.len(), 5);
         for key in &keys[5..] {
-            assert!(store.get(key, at(100)).await.expect("get").is_some());
+            assert!(store.get(key).await.expect("get").is_some());
         }
     }
 
     #[tokio::test]
     async fn a_claim_evicts_a_few_records_past_retention() {
-        let store = MemoryStore::new();
+        let (store, clock) = store();
         let old: Vec<RecordKey> = (0..20)
             .map(|i| RecordKey::new("s", i.to_string()))
             .collect();
         for key in &old {
-            store.claim(&claim(key, 1, 0, 100)).await.expect("claim");
+            store.claim(&claim(key, 1, 100)).await.expect("claim");
         }
+        clock.advance(ms(200));
         let fresh = RecordKey::new("s", "fresh");
-        store
-            .claim(&claim(&fresh, 1, 200, 1000))
-            .await
-            .expect("claim");
+        store.claim(&claim(&fresh, 1, 1000)).await.expect("claim");
         assert_eq!(store.len(), 21 - EVICT_PER_CLAIM);
     }
 
     #[tokio::test]
     async fn a_takeover_keeps_the_record_in_the_retention_index_once() {
-        let store = MemoryStore::new();
+        let (store, clock) = store();
         let key = RecordKey::new("s", "k");
-        store.claim(&claim(&key, 1, 0, 100)).await.expect("claim");
+        store.claim(&claim(&key, 1, 100)).await.expect("claim");
         // The lease ran out at 10: a second claim takes over, keeping `retain_until`.
-        let outcome = store.claim(&claim(&key, 2, 50, 500)).await.expect("claim");
-        assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: true });
+        clock.advance(ms(50));
+        let outcome = store.claim(&claim(&key, 2, 500)).await.expect("claim");
+        assert!(matches!(
+            outcome,
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: true,
+                ..
+            })
+        ));
         store
-            .renew(&key, FencingToken(2), at(90))
+            .renew(&key, FencingToken(2), ms(40))
             .await
             .expect("renewed by the new holder");
-        assert!(store.renew(&key, FencingToken(1), at(90)).await.is_err());
-        assert_eq!(store.purge_expired(at(100), 10).await.expect("purge"), 1);
+        assert!(store.renew(&key, FencingToken(1), ms(40)).await.is_err());
+        clock.advance(ms(50));
+        assert_eq!(store.purge_expired(10).await.expect("purge"), 1);
         assert!(store.is_empty());
         assert!(store.lock().by_retention.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_released_record_resumes_for_its_request_and_is_replaced_for_another() {
+        let (store, clock) = store();
+        let key = RecordKey::new("s", "k");
+        let first = store.claim(&claim(&key, 1, 100)).await.expect("claim");
+        store.release(&key, FencingToken(1)).await.expect("release");
+        clock.advance(ms(5));
+        // The same request: the same record, claimed again (not a takeover).
+        let again = store.claim(&claim(&key, 2, 100)).await.expect("claim");
+        let (ClaimOutcome::Claimed(first), ClaimOutcome::Claimed(again)) = (first, again) else {
+            panic!("both claims win")
+        };
+        assert_eq!(
+            (again.created_at, again.taken_over),
+            (first.created_at, false)
+        );
+        store.release(&key, FencingToken(2)).await.expect("release");
+        // Another request under the key: a new record.
+        let other = Claim {
+            fingerprint: Fingerprint([8; 32]),
+            ..claim(&key, 3, 100)
+        };
+        let ClaimOutcome::Claimed(other) = store.claim(&other).await.expect("claim") else {
+            panic!("another request replaces a released record")
+        };
+        assert_eq!(other.created_at, Timestamp::from_millis(5));
+        assert_eq!(store.lock().by_retention.len(), 1);
     }
 }

@@ -3,9 +3,10 @@
 //! A store keeps one [`Record`] per [`RecordKey`]. The contract is small and each method states its
 //! atomicity; the engine builds all of idem's behaviour on it:
 //!
-//! - [`Store::claim`] is **one atomic step**: insert a fresh in-flight record, or take over a record
-//!   whose lease ran out (same fingerprint, not expired), or return the existing record untouched. Never
-//!   read-then-insert; never overwrite an in-flight or completed record any other way.
+//! - [`Store::claim`] is **one atomic step**: insert a fresh in-flight record, take over a record
+//!   whose lease ran out, resume a record its own request released, or return the existing record
+//!   untouched, as [`Claim::decide`] rules. Never read-then-insert; never overwrite an in-flight or
+//!   completed record any other way.
 //! - [`Store::complete`], [`Store::release`] and [`Store::renew`] apply only if the record is in
 //!   flight under the caller's [`FencingToken`]; otherwise they fail with
 //!   [`StoreErrorKind::Fenced`] and change nothing.
@@ -14,13 +15,26 @@
 //! - [`Store::subscribe`] wakes waiters when a key is completed or released, in this process and, for
 //!   shared stores, in every process that has [announced](Store::announce_waiter) a waiter.
 //!
+//! # Time is the store's
+//!
+//! Every instant a record carries (its creation, the lease's end, the expiry, the end of retention)
+//! is set **and judged** by the store's own clock: PostgreSQL's `clock_timestamp()`, Redis's `TIME`
+//! inside the script that decides (each Redis Cluster node its own, and a record lives on one node),
+//! and the process's clock for the memory and SQLite stores, which live in one machine. The engine
+//! sends durations ([`Claim::lease`], [`Claim::ttl`], [`Claim::retain`]) and reads instants back
+//! with the store's time of the read ([`Found::now`]), so instances whose clocks disagree by
+//! minutes or days still agree on who owns a key, when it expires and when it may be purged. Each
+//! backend can be given a [`Clock`](crate::clock::Clock) of its own to judge by instead
+//! (`with_clock`), which is how tests move a store's time.
+//!
 //! Purging is a separate capability, [`Purge`], used by the [`Sweeper`](crate::sweeper::Sweeper).
 
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
-use crate::record::{FencingToken, Record, RecordKey, StoredResponse};
+use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use std::error::Error as StdError;
 use std::fmt;
+use std::time::Duration;
 
 pub use crate::waiters::{Subscription, Waiters};
 
@@ -36,9 +50,13 @@ pub mod redis;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod tx;
 
-/// One claim attempt, with every instant already computed by the engine's clock so that stores never
-/// read a clock of their own.
+/// One claim attempt: the key, the request's fingerprint, the token the claim will carry, and the
+/// policy's durations. The store turns the durations into instants on **its own clock** (see the
+/// [module documentation](self)), so that no instance's clock decides who owns a key.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     /// The key to claim.
@@ -47,71 +65,118 @@ pub struct Claim<'a> {
     pub fingerprint: Fingerprint,
     /// The token this claim will carry if it wins.
     pub token: FencingToken,
-    /// The engine's current time.
-    pub now: Timestamp,
-    /// When the claim may be taken over if not completed.
-    pub lease_until: Timestamp,
-    /// When the key expires (only used for a fresh record; a takeover keeps the original's).
-    pub expires_at: Timestamp,
-    /// When the record may be purged (idem).
-    pub retain_until: Timestamp,
+    /// How long the claim holds the key before a duplicate may take it over, unless renewed.
+    pub lease: Duration,
+    /// How long a fresh record answers with its replay (then "expired").
+    pub ttl: Duration,
+    /// How long a fresh record is kept at all; at least `ttl`.
+    pub retain: Duration,
 }
 
-impl<'a> Claim<'a> {
-    /// A claim of `key` at `now` under `policy`, with a fresh fencing token: the lease, expiry and
-    /// retention follow from the policy's durations.
-    pub fn fresh(
-        key: &'a RecordKey,
-        fingerprint: Fingerprint,
-        now: Timestamp,
-        policy: &crate::policy::Policy,
-    ) -> Self {
-        Self {
-            key,
-            fingerprint,
-            token: FencingToken::generate(),
-            now,
-            lease_until: now + policy.lease,
-            expires_at: now + policy.ttl,
-            retain_until: now + policy.retain,
-        }
-    }
+/// What a claim does to the record it finds: every store applies exactly this rule, in SQL, in
+/// Lua or in Rust ([`Claim::decide`]), judged at the store's own time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimRule {
+    /// No record, one past retention, or one released by another request (another fingerprint, or
+    /// past its expiry): insert a fresh in-flight record ([`Claim::record`]).
+    Insert,
+    /// In flight, its lease run out, the same request, not expired: take it over (new token and
+    /// lease; its `created_at`, `expires_at` and `retain_until` kept).
+    TakeOver,
+    /// Released by a run of the same request, not expired: claim it again as the same record (new
+    /// token and lease; its times kept, so its downstream key stays the same).
+    Resume,
+    /// Anything else: leave it as it is and return it.
+    Keep,
 }
 
 impl Claim<'_> {
-    /// The fresh in-flight record this claim inserts.
-    pub fn record(&self) -> Record {
+    /// The fresh in-flight record this claim inserts when the store's time is `now`.
+    pub fn record(&self, now: Timestamp) -> Record {
         Record {
             fingerprint: self.fingerprint,
             token: self.token,
-            created_at: self.now,
-            expires_at: self.expires_at,
-            retain_until: self.retain_until,
-            state: crate::record::RecordState::InFlight {
-                lease_until: self.lease_until,
+            created_at: now,
+            expires_at: now + self.ttl,
+            retain_until: now + self.retain.max(self.ttl),
+            state: RecordState::InFlight {
+                lease_until: now + self.lease,
             },
         }
     }
 
-    /// Whether this claim may take `record` over: in flight, lease run out, same request, not
-    /// expired. Every store applies exactly this rule (in SQL, in Lua, or in Rust).
-    pub fn can_take_over(&self, record: &Record) -> bool {
-        matches!(record.state, crate::record::RecordState::InFlight { lease_until } if lease_until <= self.now)
-            && record.fingerprint == self.fingerprint
-            && self.now < record.expires_at
+    /// What this claim does to `found` (the key's record, if any) at the store's time `now`.
+    pub fn decide(&self, found: Option<&Record>, now: Timestamp) -> ClaimRule {
+        let Some(record) = found.filter(|r| !r.is_forgotten(now)) else {
+            return ClaimRule::Insert;
+        };
+        let same = record.fingerprint == self.fingerprint && now < record.expires_at;
+        match record.state {
+            RecordState::Released if same => ClaimRule::Resume,
+            RecordState::Released => ClaimRule::Insert,
+            RecordState::InFlight { lease_until } if same && lease_until <= now => {
+                ClaimRule::TakeOver
+            }
+            _ => ClaimRule::Keep,
+        }
     }
+
+    /// Applies `rule` ([`decide`](Self::decide)'s answer for `record`) to `record` at `now`; the
+    /// outcome to return. For stores that hold records as Rust values.
+    pub fn apply(&self, rule: ClaimRule, record: &mut Record, now: Timestamp) -> ClaimOutcome {
+        match rule {
+            ClaimRule::Insert => *record = self.record(now),
+            ClaimRule::TakeOver | ClaimRule::Resume => {
+                record.token = self.token;
+                record.state = RecordState::InFlight {
+                    lease_until: now + self.lease,
+                };
+            }
+            ClaimRule::Keep => {
+                return ClaimOutcome::Existing(Found {
+                    record: record.clone(),
+                    now,
+                })
+            }
+        }
+        ClaimOutcome::Claimed(Claimed {
+            taken_over: rule == ClaimRule::TakeOver,
+            created_at: record.created_at,
+            expires_at: record.expires_at,
+        })
+    }
+}
+
+/// A claim that won: the caller holds the key under its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// Whether an earlier claim's lease had run out and was taken over.
+    pub taken_over: bool,
+    /// When the record was first claimed, on the store's clock (kept by a takeover or a resume):
+    /// with the key and fingerprint it names the record, for its downstream key.
+    pub created_at: Timestamp,
+    /// When the record stops being replayed, on the store's clock.
+    pub expires_at: Timestamp,
+}
+
+/// A record as the store read it, with the store's time at that read: everything the engine judges
+/// (expiry, the lease's end) it judges against `now`, never against its own clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The record (never past retention at `now`).
+    pub record: Record,
+    /// The store's time when it read the record.
+    pub now: Timestamp,
 }
 
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
-    /// The caller now holds the key with `claim.token`; `taken_over` if it replaced a dead worker's claim.
-    Claimed {
-        /// Whether an earlier claim's lease had run out and was taken over.
-        taken_over: bool,
-    },
-    /// Another request holds or held the key; the record as it stands (never past retention).
-    Existing(Record),
+    /// The caller now holds the key with `claim.token`.
+    Claimed(Claimed),
+    /// Another request holds or held the key: the record as it stands (never past retention), and
+    /// the store's time.
+    Existing(Found),
 }
 
 /// A store operation failed.
@@ -212,11 +277,9 @@ impl StdError for StoreError {
 /// The storage contract. See the [module documentation](self) for the rules every backend keeps.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Atomically claims `claim.key`. In one step: if there is no record (or only one past
-    /// retention), insert an in-flight record carrying `claim`'s token, lease, expiry and retention and
-    /// return [`ClaimOutcome::Claimed`]; if the record [can be taken over](Claim::can_take_over),
-    /// replace its token and lease (keeping its `created_at`, `expires_at` and `retain_until`) and return
-    /// `Claimed { taken_over: true }`; otherwise return the record unchanged.
+    /// Atomically claims `claim.key` as [`Claim::decide`] rules at the store's time: inserts a fresh
+    /// in-flight record ([`Claim::record`]), takes over or resumes the record (new token and lease,
+    /// its times kept), or returns it unchanged with the store's time ([`ClaimOutcome::Existing`]).
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Stores `response` and marks the record completed, if it is in flight under `token`; otherwise
@@ -228,22 +291,25 @@ pub trait Store: Send + Sync + 'static {
         response: &StoredResponse,
     ) -> Result<(), StoreError>;
 
-    /// Deletes the record if it is in flight under `token` (the handler failed and a retry should run
-    /// it again); otherwise fails with [`StoreErrorKind::Fenced`]. Wakes the key's subscribers.
+    /// Marks the record [released](RecordState::Released) if it is in flight under `token` (the
+    /// handler failed and a retry should run it again); otherwise fails with
+    /// [`StoreErrorKind::Fenced`]. The next claim of the same request resumes it as the same record,
+    /// and any other request's claim replaces it. Wakes the key's subscribers.
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
 
-    /// Moves the lease of the claim in flight under `token` to `lease_until`, so that a handler
-    /// still running is not taken over; otherwise (no record, another token, completed) fails with
-    /// [`StoreErrorKind::Fenced`] and changes nothing. A claim that was taken over is never renewed.
+    /// Moves the lease of the claim in flight under `token` to `lease` from the store's time now, so
+    /// that a handler still running is not taken over; otherwise (no record, another token,
+    /// completed) fails with [`StoreErrorKind::Fenced`] and changes nothing. A claim that was taken
+    /// over is never renewed.
     async fn renew(
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError>;
 
-    /// The record for `key`, if any and not past retention at `now`.
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError>;
+    /// The record for `key`, if any and not past retention, with the store's time of the read.
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError>;
 
     /// A subscription that resolves once `key` may have been completed or released, by any process
     /// sharing the store. Subscribe before reading the record, so that no completion is missed.
@@ -273,10 +339,10 @@ pub trait Store: Send + Sync + 'static {
 /// Deleting records past retention, in batches.
 #[async_trait::async_trait]
 pub trait Purge: Send + Sync + 'static {
-    /// Deletes at most `batch` records whose `retain_until` is at or before `now`; returns how many.
-    /// Fewer than `batch` means none was left to delete. Each call is short (one statement, or a few
-    /// short critical sections), so it never holds long locks.
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError>;
+    /// Deletes at most `batch` records whose `retain_until` is at or before the store's time now;
+    /// returns how many. Fewer than `batch` means none was left to delete. Each call is short (one
+    /// statement, or a few short critical sections), so it never holds long locks.
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -299,12 +365,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
-        (**self).renew(key, token, lease_until).await
+        (**self).renew(key, token, lease).await
     }
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        (**self).get(key, now).await
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        (**self).get(key).await
     }
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         (**self).subscribe(key)
@@ -319,7 +385,77 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 
 #[async_trait::async_trait]
 impl<P: Purge + ?Sized> Purge for std::sync::Arc<P> {
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
-        (**self).purge_expired(now, batch).await
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        (**self).purge_expired(batch).await
+    }
+}
+
+/// A claim with its instants computed at `now` (transitional: the backends that still judge time in
+/// the process use it until they read their own clock).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamped<'a> {
+    pub(crate) key: &'a RecordKey,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) token: FencingToken,
+    pub(crate) now: Timestamp,
+    pub(crate) lease_until: Timestamp,
+    pub(crate) expires_at: Timestamp,
+    pub(crate) retain_until: Timestamp,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+impl<'a> Claim<'a> {
+    pub(crate) fn stamped(&self, now: Timestamp) -> Stamped<'a> {
+        let fresh = self.record(now);
+        Stamped {
+            key: self.key,
+            fingerprint: self.fingerprint,
+            token: self.token,
+            now,
+            lease_until: now + self.lease,
+            expires_at: fresh.expires_at,
+            retain_until: fresh.retain_until,
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+impl Stamped<'_> {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn record(&self) -> Record {
+        Record {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            created_at: self.now,
+            expires_at: self.expires_at,
+            retain_until: self.retain_until,
+            state: RecordState::InFlight {
+                lease_until: self.lease_until,
+            },
+        }
+    }
+
+    pub(crate) fn can_take_over(&self, record: &Record) -> bool {
+        matches!(record.state, RecordState::InFlight { lease_until } if lease_until <= self.now)
+            && record.fingerprint == self.fingerprint
+            && self.now < record.expires_at
+    }
+
+    /// The outcome of a claim that inserted a fresh record (`over` is `None`) or took `over` over.
+    pub(crate) fn won(&self, over: Option<&Record>) -> ClaimOutcome {
+        ClaimOutcome::Claimed(Claimed {
+            taken_over: over.is_some(),
+            created_at: over.map_or(self.now, |r| r.created_at),
+            expires_at: over.map_or(self.expires_at, |r| r.expires_at),
+        })
+    }
+
+    /// The outcome of a claim that found `record`.
+    pub(crate) fn existing(&self, record: Record) -> ClaimOutcome {
+        ClaimOutcome::Existing(Found {
+            record,
+            now: self.now,
+        })
     }
 }

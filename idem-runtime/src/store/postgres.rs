@@ -52,11 +52,11 @@
 //! [`PostgresStore::pool_options`] give up acquiring after [`DEFAULT_ACQUIRE_TIMEOUT`], and the store
 //! resumes by itself when the server returns.
 
-use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
-use crate::clock::Timestamp;
+use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
+use super::{Claim, ClaimOutcome, Found, Purge, Stamped, Store, StoreError, Subscription, Waiters};
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use crate::transaction::{OpenTx, TransactionalStore, Tx, TxHandle};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
@@ -108,17 +108,19 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing {
     use super::Claim;
+    use crate::clock::Timestamp;
 
     /// Claim-or-fetch: the existing record, or the fresh one inserted when there is none.
     pub const CLAIM_STATEMENT: &str = super::CLAIM;
 
-    /// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with a claim's
-    /// eight binds.
+    /// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with the eight
+    /// binds of `claim` at `now`.
     pub fn bind_claim<'q>(
         sql: &'q str,
-        claim: &'q Claim<'q>,
+        claim: &Claim<'q>,
+        now: Timestamp,
     ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        super::bind_claim(sql, claim)
+        super::bind_claim(sql, claim.stamped(now))
     }
 }
 
@@ -137,12 +139,12 @@ LIMIT 1";
 /// them (`$1` to `$8`; the replacement adds the token it saw as `$9`).
 pub(crate) fn bind_claim<'q>(
     sql: &'q str,
-    claim: &'q Claim<'q>,
+    claim: Stamped<'q>,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
         .bind(claim.key.scope())
         .bind(claim.key.key())
-        .bind(claim.fingerprint.0.as_slice())
+        .bind(claim.fingerprint.0.to_vec())
         .bind(claim.token.0)
         .bind(claim.now.as_millis())
         .bind(claim.expires_at.as_millis())
@@ -230,6 +232,7 @@ AND retain_until <= $1";
 pub struct PostgresStore {
     pool: PgPool,
     waiters: Arc<Waiters>,
+    clock: Arc<dyn Clock>,
     _listener: ListenerTask,
 }
 
@@ -363,6 +366,7 @@ impl PostgresStore {
         let store = Self {
             pool,
             waiters,
+            clock: Arc::new(SystemClock),
             _listener: ListenerTask(task),
         };
         (store, ready)
@@ -394,6 +398,13 @@ impl PostgresStore {
         // Closing releases the session's advisory lock even if the migration failed half-way.
         own.close().await;
         result
+    }
+
+    /// Judges every time by `clock` (tests move a [`ManualClock`](crate::clock::ManualClock) to
+    /// expire keys and leases).
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The pool the store runs its statements on.
@@ -452,8 +463,9 @@ impl Store for PostgresStore {
         "postgres"
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let claim = claim.stamped(self.clock.now());
         let mut conn = self.acquire().await?;
-        ops::claim(&mut conn, claim).await
+        ops::claim(&mut conn, &claim).await
     }
 
     async fn complete(
@@ -482,8 +494,9 @@ impl Store for PostgresStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
+        let lease_until = self.clock.now() + lease;
         let done = sqlx::query(RENEW)
             .bind(key.scope())
             .bind(key.key())
@@ -494,9 +507,11 @@ impl Store for PostgresStore {
         ops::fenced_unless_one(done.rows_affected())
     }
 
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        let now = self.clock.now();
         let mut conn = self.acquire().await?;
-        ops::get(&mut conn, key, now).await
+        let found = ops::get(&mut conn, key, now).await?;
+        Ok(found.map(|record| Found { record, now }))
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -511,14 +526,15 @@ impl Store for PostgresStore {
 
 #[async_trait::async_trait]
 impl Purge for PostgresStore {
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        let now = self.clock.now();
         let mut conn = self.acquire().await?;
         ops::purge(&mut conn, now, batch).await
     }
 }
 
-impl crate::transaction::sealed::Sealed for PostgresStore {}
-impl crate::transaction::sealed::Sealed for Tx<sqlx::Postgres> {}
+impl super::tx::sealed::Sealed for PostgresStore {}
+impl super::tx::sealed::Sealed for Tx<sqlx::Postgres> {}
 
 impl TxHandle for Tx<sqlx::Postgres> {
     type Store = PostgresStore;
@@ -561,7 +577,7 @@ mod ops {
     use super::*;
 
     /// What one run of the claim statement found.
-    enum Found {
+    enum Fetched {
         Inserted,
         Existing(Record),
         /// An identical claim's record was deleted (released or purged) between its insert and our
@@ -573,25 +589,24 @@ mod ops {
     /// record found allows one.
     pub(super) async fn claim(
         conn: &mut PgConnection,
-        claim: &Claim<'_>,
+        claim: &Stamped<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let claimed = |taken_over| ClaimOutcome::Claimed { taken_over };
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             let record = match claim_or_fetch(conn, claim).await? {
-                Found::Inserted => return Ok(claimed(false)),
-                Found::Nothing => continue,
-                Found::Existing(record) => record,
+                Fetched::Inserted => return Ok(claim.won(None)),
+                Fetched::Nothing => continue,
+                Fetched::Existing(record) => record,
             };
             if record.is_forgotten(claim.now) {
                 if replace_forgotten(conn, claim, record.token).await? {
-                    return Ok(claimed(false));
+                    return Ok(claim.won(None));
                 }
             } else if claim.can_take_over(&record) {
                 if take_over(conn, claim, record.token).await? {
-                    return Ok(claimed(true));
+                    return Ok(claim.won(Some(&record)));
                 }
             } else {
-                return Ok(ClaimOutcome::Existing(record));
+                return Ok(claim.existing(record));
             }
             // Someone changed the record between our read and our update: look again.
         }
@@ -603,26 +618,26 @@ mod ops {
 
     async fn claim_or_fetch(
         conn: &mut PgConnection,
-        claim: &Claim<'_>,
-    ) -> Result<Found, StoreError> {
-        let row = bind_claim(CLAIM, claim).fetch_optional(&mut *conn).await?;
+        claim: &Stamped<'_>,
+    ) -> Result<Fetched, StoreError> {
+        let row = bind_claim(CLAIM, *claim).fetch_optional(&mut *conn).await?;
         let Some(row) = row else {
-            return Ok(Found::Nothing);
+            return Ok(Fetched::Nothing);
         };
         let inserted: bool = row.try_get("inserted").map_err(StoreError::corrupt)?;
         if inserted {
-            Ok(Found::Inserted)
+            Ok(Fetched::Inserted)
         } else {
-            decode(&row).map(Found::Existing)
+            decode(&row).map(Fetched::Existing)
         }
     }
 
     async fn replace_forgotten(
         conn: &mut PgConnection,
-        claim: &Claim<'_>,
+        claim: &Stamped<'_>,
         seen: FencingToken,
     ) -> Result<bool, StoreError> {
-        let done = bind_claim(REPLACE_FORGOTTEN, claim)
+        let done = bind_claim(REPLACE_FORGOTTEN, *claim)
             .bind(seen.0)
             .execute(&mut *conn)
             .await?;
@@ -631,7 +646,7 @@ mod ops {
 
     async fn take_over(
         conn: &mut PgConnection,
-        claim: &Claim<'_>,
+        claim: &Stamped<'_>,
         seen: FencingToken,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(TAKE_OVER)

@@ -34,7 +34,7 @@ use idem_runtime::axum::{Attempt, Scope};
 use idem_runtime::sqlx::{self, Postgres, Sqlite};
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::sqlite::SqliteStore;
-use idem_runtime::{idempotent, Engine, Transactional, Tx};
+use idem_runtime::{idempotent, Transactional, Tx};
 use std::borrow::Cow;
 use std::io::Write;
 use std::sync::Arc;
@@ -196,7 +196,7 @@ async fn app(url: &str, crash: CrashAt) -> Result<Router, Box<dyn std::error::Er
         for ddl in SCHEMA {
             sqlx::query(ddl).execute(store.pool()).await?;
         }
-        let txn = Transactional::new(Engine::from_arc(store.clone()), store)?;
+        let txn = Transactional::new(store);
         Ok(Router::new()
             .route("/entries", post(create_pg))
             .route_layer(after)
@@ -207,7 +207,7 @@ async fn app(url: &str, crash: CrashAt) -> Result<Router, Box<dyn std::error::Er
         for ddl in SCHEMA {
             sqlx::query(ddl).execute(store.pool()).await?;
         }
-        let txn = Transactional::new(Engine::from_arc(store.clone()), store)?;
+        let txn = Transactional::new(store);
         Ok(Router::new()
             .route("/entries", post(create_sqlite))
             .route_layer(after)

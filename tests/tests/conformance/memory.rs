@@ -1,5 +1,7 @@
 //! The store conformance suite on the in-memory store.
 
+use idem_runtime::clock::Clock;
+use std::sync::Arc;
 use idem_runtime::store::memory::MemoryStore;
 use idem_tests::conformance::Backend;
 
@@ -8,8 +10,8 @@ struct Memory;
 #[async_trait::async_trait]
 impl Backend for Memory {
     type Store = MemoryStore;
-    async fn open(&self) -> MemoryStore {
-        MemoryStore::new()
+    async fn open(&self, clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore::new().with_clock(clock)
     }
     fn durable(&self) -> bool {
         false

@@ -5,11 +5,13 @@
 //! Every backend instance (each case) gets a fresh database on the server at
 //! `IDEM_TEST_POSTGRES_URL` ([`TestDb`]), dropped when the case ends.
 
+use idem_runtime::clock::Clock;
+use std::sync::Arc;
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
 use idem_runtime::sqlx::{self, ConnectOptions, Row};
 use idem_runtime::store::postgres::testing::{bind_claim, CLAIM_STATEMENT};
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::store::{Claim, ClaimOutcome};
+use idem_runtime::store::{Claim, ClaimOutcome, Claimed, Found};
 use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
 use idem_tests::services::TestDb;
@@ -53,8 +55,8 @@ struct Postgres {
 impl Backend for Postgres {
     type Store = PostgresStore;
 
-    async fn open(&self) -> PostgresStore {
-        self.db.store().await
+    async fn open(&self, clock: Arc<dyn Clock>) -> PostgresStore {
+        self.db.store().await.with_clock(clock)
     }
 
     fn durable(&self) -> bool {
@@ -91,17 +93,16 @@ fn claim_of<'a>(key: &'a idem_runtime::RecordKey, token: FencingToken) -> Claim<
         key,
         fingerprint: fp("a"),
         token,
-        now: T0,
-        lease_until: T0 + Duration::from_secs(30),
-        expires_at: T0 + Duration::from_secs(3600),
-        retain_until: T0 + Duration::from_secs(4 * 3600),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+        retain: Duration::from_secs(4 * 3600),
     }
 }
 
 async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey) {
     let token = FencingToken::generate();
     let claimed = store.claim(&claim_of(key, token)).await.expect("claim");
-    assert_eq!(claimed, ClaimOutcome::Claimed { taken_over: false });
+    assert!(matches!(claimed, ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
     store
         .complete(key, token, &response("a"))
         .await
@@ -233,7 +234,7 @@ async fn replays_do_not_write() {
             .await
             .expect("claim")
         {
-            ClaimOutcome::Existing(record) => assert_eq!(
+            ClaimOutcome::Existing(Found { record, .. }) => assert_eq!(
                 record.state,
                 RecordState::Completed {
                     response: response("a")
@@ -273,7 +274,7 @@ async fn replays_never_execute_the_insert() {
         async move {
             let claim = claim_of(&key, FencingToken::generate());
             let explain = format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {CLAIM_STATEMENT}");
-            let rows = bind_claim(&explain, &claim)
+            let rows = bind_claim(&explain, &claim, T0)
                 .fetch_all(&pool)
                 .await
                 .expect("explain the claim statement");
@@ -396,7 +397,7 @@ async fn undecodable_record_is_corrupt() {
     .execute(store.pool())
     .await
     .expect("insert a bad row");
-    let err = store.get(&key, T0).await.expect_err("corrupt");
+    let err = store.get(&key).await.map(|found| found.map(|f| f.record)).expect_err("corrupt");
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     let err = store
         .claim(&claim_of(&key, FencingToken::generate()))
@@ -445,7 +446,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
         async move {
             let mut conn = options.connect().await.expect("a connection of its own");
             let claim = claim_of(&key, FencingToken::generate());
-            bind_claim(CLAIM_STATEMENT, &claim)
+            bind_claim(CLAIM_STATEMENT, &claim, T0)
                 .fetch_all(&mut conn)
                 .await
                 .expect("the claim statement")
@@ -484,7 +485,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
     );
 
     match claiming.await.expect("join").expect("claim") {
-        ClaimOutcome::Existing(record) => {
+        ClaimOutcome::Existing(Found { record, .. }) => {
             assert_eq!(record.token, theirs);
             assert_eq!(
                 record.state,
@@ -542,9 +543,9 @@ async fn store_recovers_when_its_connections_are_cut() {
     // Stale connections fail once each at most (nothing was written by a failed attempt).
     let done = response("a");
     after_stale_connections(|| a.complete(&key, token, &done)).await;
-    let record = after_stale_connections(|| b.get(&key, T0)).await;
+    let record = after_stale_connections(|| b.get(&key)).await;
     assert!(matches!(
-        record.expect("record").state,
+        record.expect("record").record.state,
         RecordState::Completed { .. }
     ));
     // And B's listener hears completions again.

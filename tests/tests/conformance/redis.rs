@@ -4,13 +4,18 @@
 //! Every backend instance (one per case) uses a fresh key prefix on the server at
 //! `IDEM_TEST_REDIS_URL` and deletes its keys when dropped, also when the case fails.
 
+use idem_runtime::clock::Clock;
+use std::sync::Arc;
 use idem_runtime::store::redis::RedisStore;
+use idem_tests::conformance::T0;
 use idem_tests::conformance::Backend;
 use idem_tests::services;
 
 struct Redis {
     url: String,
     prefix: String,
+    /// The clock the stores of [`store`](Self::store) judge time by, standing at `T0`.
+    clock: idem_runtime::clock::ManualClock,
     _keys: services::RedisPrefix,
 }
 
@@ -19,24 +24,30 @@ impl Redis {
         Self {
             url: keys.url().to_owned(),
             prefix: keys.prefix().to_owned(),
+            clock: idem_runtime::clock::ManualClock::new(T0),
             _keys: keys,
         }
     }
 
     async fn store(&self) -> RedisStore {
-        RedisStore::builder(&self.url)
-            .prefix(&self.prefix)
-            .connect()
-            .await
-            .expect("connect to redis")
+        self.store_on(Arc::new(self.clock.clone())).await
+    }
+
+    async fn store_on(&self, clock: Arc<dyn Clock>) -> RedisStore {
+        let builder = self.builder().clock(clock);
+        builder.connect().await.expect("connect to redis")
+    }
+
+    fn builder(&self) -> idem_runtime::store::redis::RedisStoreBuilder {
+        RedisStore::builder(&self.url).prefix(&self.prefix)
     }
 }
 
 #[async_trait::async_trait]
 impl Backend for Redis {
     type Store = RedisStore;
-    async fn open(&self) -> RedisStore {
-        self.store().await
+    async fn open(&self, clock: Arc<dyn Clock>) -> RedisStore {
+        self.store_on(clock).await
     }
     fn durable(&self) -> bool {
         true
@@ -64,9 +75,9 @@ idem_tests::conformance_suite!(
 mod redis_only {
     use super::redis;
     use futures_util::StreamExt;
-    use idem_runtime::clock::Clock;
+    
     use idem_runtime::store::redis::RedisStore;
-    use idem_runtime::store::{Claim, ClaimOutcome, Purge};
+    use idem_runtime::store::{Claim, ClaimOutcome, Purge, Claimed, Found};
     use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
@@ -164,14 +175,14 @@ mod redis_only {
 
         // Nobody waits: completion and release send nothing before the sentinel.
         let done = fresh_key();
-        let claim = fresh_claim(&done, T0);
+        let claim = fresh_claim(&done);
         store.claim(&claim).await.expect("claim");
         store
             .complete(&done, claim.token, &response("a"))
             .await
             .expect("complete");
         let released = fresh_key();
-        let claim = fresh_claim(&released, T0);
+        let claim = fresh_claim(&released);
         store.claim(&claim).await.expect("claim");
         store
             .release(&released, claim.token)
@@ -184,7 +195,7 @@ mod redis_only {
         // sentinel follows.
         for release in [false, true] {
             let key = fresh_key();
-            let claim = fresh_claim(&key, T0);
+            let claim = fresh_claim(&key);
             store.claim(&claim).await.expect("claim");
             store.announce_waiter(&key).await.expect("announce");
             store
@@ -207,15 +218,12 @@ mod redis_only {
         // A takeover keeps the announcement: the duplicate waiting for the dead worker's claim
         // hears the completion of the claim that replaced it.
         let key = fresh_key();
-        let dead = fresh_claim(&key, T0);
+        let dead = fresh_claim(&key);
         store.claim(&dead).await.expect("claim");
         store.announce_waiter(&key).await.expect("announce");
-        let later = T0 + Duration::from_secs(60);
-        let taker = fresh_claim(&key, later);
-        assert_eq!(
-            store.claim(&taker).await.expect("claim"),
-            ClaimOutcome::Claimed { taken_over: true }
-        );
+        backend.clock.set(T0 + Duration::from_secs(60));
+        let taker = fresh_claim(&key);
+        assert!(matches!(store.claim(&taker).await.expect("claim"), ClaimOutcome::Claimed(Claimed { taken_over: true, .. })));
         store
             .complete(&key, taker.token, &response("b"))
             .await
@@ -257,14 +265,16 @@ mod redis_only {
             (T0 + Duration::from_secs(5 * 3600), false),
         ] {
             let key = fresh_key();
-            let first = fresh_claim(&key, T0);
+            backend.clock.set(T0);
+            let first = fresh_claim(&key);
             store.claim(&first).await.expect("claim");
+            backend.clock.set(at);
             let tasks: Vec<_> = (0..16)
                 .map(|_| {
                     let (store, key) = (store.clone(), key.clone());
                     tokio::spawn(async move {
-                        let mut claim = fresh_claim(&key, at);
-                        claim.retain_until = at + Duration::from_secs(8 * 3600);
+                        let mut claim = fresh_claim(&key);
+                        claim.retain = Duration::from_secs(8 * 3600);
                         let outcome = store.claim(&claim).await.expect("claim");
                         (claim.token, outcome)
                     })
@@ -274,20 +284,20 @@ mod redis_only {
             let mut seen = Vec::new();
             for task in tasks {
                 match task.await.expect("join") {
-                    (token, ClaimOutcome::Claimed { taken_over: t }) => {
+                    (token, ClaimOutcome::Claimed(Claimed { taken_over: t, .. })) => {
                         assert_eq!(t, taken_over);
                         winners.push(token);
                     }
-                    (_, ClaimOutcome::Existing(record)) => seen.push(record.token),
+                    (_, ClaimOutcome::Existing(Found { record, .. })) => seen.push(record.token),
                 }
             }
             assert_eq!(winners.len(), 1, "exactly one claim wins");
             assert!(seen.iter().all(|t| *t == winners[0]), "the others see it");
-            let record = store.get(&key, at).await.expect("get").expect("record");
+            let record = store.get(&key).await.map(|found| found.map(|f| f.record)).expect("get").expect("record");
             assert_eq!(record.token, winners[0]);
             let ttl = pttl(&mut conn, &store.redis_key(&key)).await;
             if taken_over {
-                assert_eq!(record.retain_until, first.retain_until, "times are kept");
+                assert_eq!(record.retain_until, T0 + first.retain, "times are kept");
                 assert_eq!(record.created_at, T0);
                 assert!(ttl > 0 && ttl <= four_hours, "the TTL is kept: {ttl}");
             } else {
@@ -309,7 +319,7 @@ mod redis_only {
             .connect()
             .await
             .expect("connect through the proxy");
-        let h = Harness::new(store);
+        let h = Harness::new(store, idem_runtime::clock::ManualClock::new(T0));
         let sent_since = |before: usize| -> Vec<String> {
             proxy.commands()[before..]
                 .iter()
@@ -357,17 +367,13 @@ mod redis_only {
             .await
             .expect("connect through the proxy");
         let store = Arc::new(store);
-        let clock = idem_runtime::clock::ManualClock::new(T0);
-        let engine = Engine::from_arc(store.clone())
-            .with_clock(clock.clone())
-            .with_store_timeout(None);
-        let now = clock.now();
-        let claim = |key| fresh_claim(key, now);
+        let engine = Engine::from_arc(store.clone()).with_store_timeout(None);
+        let claim = |key| fresh_claim(key);
 
         let key = fresh_key();
         assert!(matches!(
             store.claim(&claim(&key)).await,
-            Ok(ClaimOutcome::Claimed { taken_over: false })
+            Ok(ClaimOutcome::Claimed(Claimed { taken_over: false, .. }))
         ));
 
         proxy.cut();
@@ -382,7 +388,7 @@ mod redis_only {
             other => panic!("expected Unavailable, got {other:?}"),
         }
         for _ in 0..3 {
-            let err = tokio::time::timeout(GENEROUS, store.get(&key, now))
+            let err = tokio::time::timeout(GENEROUS, store.get(&key))
                 .await
                 .expect("fails instead of hanging")
                 .expect_err("redis is cut off");
@@ -402,11 +408,11 @@ mod redis_only {
         // manager reconnects by itself within a few calls, with no restart and no new store.
         let mut recovered = None;
         for _ in 0..5 {
-            if let Ok(found) = tokio::time::timeout(GENEROUS, store.get(&key, now))
+            if let Ok(found) = tokio::time::timeout(GENEROUS, store.get(&key))
                 .await
                 .expect("answers instead of hanging")
             {
-                recovered = Some(found);
+                recovered = Some(found.map(|found| found.record));
                 break;
             }
         }
@@ -436,17 +442,17 @@ mod redis_only {
             .connect_lazy()
             .expect("valid url");
         let key = fresh_key();
-        let err = tokio::time::timeout(GENEROUS, store.claim(&fresh_claim(&key, T0)))
+        let err = tokio::time::timeout(GENEROUS, store.claim(&fresh_claim(&key)))
             .await
             .expect("fails instead of hanging")
             .expect_err("redis is cut off");
         assert_eq!(err.kind(), StoreErrorKind::Unavailable);
         proxy.restore();
-        let outcome = tokio::time::timeout(GENEROUS, store.claim(&fresh_claim(&key, T0)))
+        let outcome = tokio::time::timeout(GENEROUS, store.claim(&fresh_claim(&key)))
             .await
             .expect("answers instead of hanging")
             .expect("connected once redis returned");
-        assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+        assert!(matches!(outcome, ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
         tokio::time::timeout(GENEROUS, store.subscription_is(true))
             .await
             .expect("the lazy store subscribes to completions once redis is back");
@@ -481,11 +487,8 @@ mod redis_only {
             .expect("B's waiter is woken when B subscribes again");
 
         let key = fresh_key();
-        let claim = fresh_claim(&key, T0);
-        assert_eq!(
-            a.claim(&claim).await.expect("claim"),
-            ClaimOutcome::Claimed { taken_over: false }
-        );
+        let claim = fresh_claim(&key);
+        assert!(matches!(a.claim(&claim).await.expect("claim"), ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
         let mut woken = b.subscribe(&key);
         // B's command connection went through the cut too: its first call may meet the dead
         // connection, and the manager reconnects on the next.
@@ -527,10 +530,10 @@ mod redis_only {
             .expect("hset");
         for err in [
             store
-                .claim(&fresh_claim(&key, T0))
+                .claim(&fresh_claim(&key))
                 .await
                 .expect_err("claim"),
-            store.get(&key, T0).await.expect_err("get"),
+            store.get(&key).await.map(|found| found.map(|f| f.record)).expect_err("get"),
             store
                 .complete(&key, FencingToken(1), &response("a"))
                 .await
@@ -548,7 +551,7 @@ mod redis_only {
             .await
             .expect("set");
         let versioned = fresh_key();
-        let claim = fresh_claim(&versioned, T0);
+        let claim = fresh_claim(&versioned);
         store.claim(&claim).await.expect("claim");
         redis::cmd("SETRANGE")
             .arg(store.redis_key(&versioned))
@@ -557,13 +560,14 @@ mod redis_only {
             .query_async::<()>(&mut conn)
             .await
             .expect("setrange");
+        backend.clock.set(later);
         for key in [&garbage, &versioned] {
             let before = value(&mut conn, &store.redis_key(key)).await;
             assert!(before.is_some());
             let errors = [
-                store.get(key, T0).await.expect_err("get"),
+                store.get(key).await.map(|found| found.map(|f| f.record)).expect_err("get"),
                 store
-                    .claim(&fresh_claim(key, later))
+                    .claim(&fresh_claim(key))
                     .await
                     .expect_err("claim"),
                 store
@@ -577,7 +581,7 @@ mod redis_only {
             }
             store.announce_waiter(key).await.expect("announce");
             store
-                .purge_expired(later + Duration::from_secs(365 * 86_400), 1_000)
+                .purge_expired(1_000)
                 .await
                 .expect("purge");
             assert_eq!(
@@ -607,22 +611,20 @@ mod redis_only {
             .map(|i| idem_runtime::RecordKey::new(scope.clone(), format!("k{i}")))
             .collect();
         for key in &keys {
-            store.claim(&fresh_claim(key, T0)).await.expect("claim");
+            store.claim(&fresh_claim(key)).await.expect("claim");
         }
         let live = idem_runtime::RecordKey::new(scope.clone(), "live");
-        let mut claim = fresh_claim(&live, T0);
-        claim.retain_until = T0 + Duration::from_secs(8 * 3600);
+        let mut claim = fresh_claim(&live);
+        claim.retain = Duration::from_secs(8 * 3600);
         store.claim(&claim).await.expect("claim");
 
-        let later = T0 + Duration::from_secs(4 * 3600);
-        let batch = store.purge_expired(later, 40).await.expect("purge");
+        backend.clock.set(T0 + Duration::from_secs(4 * 3600));
+        let batch = store.purge_expired(40).await.expect("purge");
         assert_eq!(batch, 40, "a call deletes at most a batch");
         // One call continues the pass the first one started, to its end: a batch larger than what
         // is left shows that stopping inside a SCAN page skipped nothing.
-        let clock = idem_runtime::clock::ManualClock::new(later);
         let swept = Sweeper::new(store.clone())
             .batch_size(1_000)
-            .with_clock(clock)
             .sweep_once()
             .await
             .expect("sweep");
@@ -633,25 +635,21 @@ mod redis_only {
         );
         for key in &keys {
             assert!(
-                store.get(key, T0).await.expect("get").is_none(),
+                store.get(key).await.map(|found| found.map(|f| f.record)).expect("get").is_none(),
                 "{key} purged"
             );
         }
-        assert!(store.get(&live, later).await.expect("get").is_some());
+        assert!(store.get(&live).await.map(|found| found.map(|f| f.record)).expect("get").is_some());
     }
 
-    fn fresh_claim(
-        key: &idem_runtime::RecordKey,
-        now: idem_runtime::clock::Timestamp,
-    ) -> Claim<'_> {
+    fn fresh_claim(key: &idem_runtime::RecordKey) -> Claim<'_> {
         Claim {
             key,
             fingerprint: fp("a"),
             token: FencingToken::generate(),
-            now,
-            lease_until: now + Duration::from_secs(30),
-            expires_at: now + Duration::from_secs(3600),
-            retain_until: now + Duration::from_secs(4 * 3600),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            retain: Duration::from_secs(4 * 3600),
         }
     }
 }

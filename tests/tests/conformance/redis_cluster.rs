@@ -7,6 +7,8 @@
 //! `IDEM_TEST_REDIS_CLUSTER_URL` (`.ci/redis-cluster start` runs one) and deletes its keys when
 //! dropped, also when the case fails.
 
+use idem_runtime::clock::Clock;
+use std::sync::Arc;
 use idem_runtime::store::redis::RedisClusterStore;
 use idem_tests::conformance::Backend;
 use idem_tests::services;
@@ -19,12 +21,21 @@ struct Cluster {
 
 impl Cluster {
     async fn store(&self) -> RedisClusterStore {
-        self.store_on(self.seeds.clone()).await
+        self.store_with(self.seeds.clone()).await
     }
 
-    async fn store_on(&self, seeds: Vec<String>) -> RedisClusterStore {
+    async fn store_with(&self, seeds: Vec<String>) -> RedisClusterStore {
         RedisClusterStore::builder(seeds)
             .prefix(&self.prefix)
+            .connect()
+            .await
+            .expect("connect to the cluster")
+    }
+
+    async fn store_on(&self, clock: Arc<dyn Clock>) -> RedisClusterStore {
+        RedisClusterStore::builder(self.seeds.clone())
+            .prefix(&self.prefix)
+            .clock(clock)
             .connect()
             .await
             .expect("connect to the cluster")
@@ -34,8 +45,8 @@ impl Cluster {
 #[async_trait::async_trait]
 impl Backend for Cluster {
     type Store = RedisClusterStore;
-    async fn open(&self) -> RedisClusterStore {
-        self.store().await
+    async fn open(&self, clock: Arc<dyn Clock>) -> RedisClusterStore {
+        self.store_on(clock).await
     }
     fn durable(&self) -> bool {
         true
@@ -68,22 +79,21 @@ idem_tests::conformance_suite!(
 mod cluster_only {
     use super::cluster;
     use idem_runtime::store::redis::RedisClusterStore;
-    use idem_runtime::store::{Claim, ClaimOutcome, Purge};
+    use idem_runtime::store::{Claim, ClaimOutcome, Purge, Claimed, Found};
     use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, T0};
     use std::sync::Arc;
     use std::time::Duration;
 
-    fn fresh_claim(key: &RecordKey, now: idem_runtime::clock::Timestamp) -> Claim<'_> {
+    fn fresh_claim(key: &RecordKey) -> Claim<'_> {
         Claim {
             key,
             fingerprint: fp("a"),
             token: FencingToken::generate(),
-            now,
-            lease_until: now + Duration::from_secs(30),
-            expires_at: now + Duration::from_secs(3600),
-            retain_until: now + Duration::from_secs(4 * 3600),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            retain: Duration::from_secs(4 * 3600),
         }
     }
 
@@ -97,17 +107,18 @@ mod cluster_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_spread_over_every_primary_and_the_purge_walks_each() {
         let backend = cluster().await;
-        let store = Arc::new(backend.store().await);
+        let clock = idem_runtime::clock::ManualClock::new(T0);
+        let store = Arc::new(backend.store_on(Arc::new(clock.clone())).await);
         let scope = format!("sweep-{}", uuid::Uuid::new_v4());
         let keys: Vec<_> = (0..300)
             .map(|i| RecordKey::new(scope.clone(), format!("k{i}")))
             .collect();
         for key in &keys {
-            store.claim(&fresh_claim(key, T0)).await.expect("claim");
+            store.claim(&fresh_claim(key)).await.expect("claim");
         }
         let live = RecordKey::new(scope.clone(), "live");
-        let mut claim = fresh_claim(&live, T0);
-        claim.retain_until = T0 + Duration::from_secs(8 * 3600);
+        let mut claim = fresh_claim(&live);
+        claim.retain = Duration::from_secs(8 * 3600);
         store.claim(&claim).await.expect("claim");
         store
             .complete(&live, claim.token, &response("live"))
@@ -121,13 +132,11 @@ mod cluster_only {
         }
         assert_eq!(placed.iter().map(|(_, k)| k.len()).sum::<usize>(), 301);
 
-        let later = T0 + Duration::from_secs(4 * 3600);
-        let batch = store.purge_expired(later, 40).await.expect("purge");
+        clock.set(T0 + Duration::from_secs(4 * 3600));
+        let batch = store.purge_expired(40).await.expect("purge");
         assert_eq!(batch, 40, "a call deletes at most a batch");
-        let clock = idem_runtime::clock::ManualClock::new(later);
         let swept = Sweeper::new(store.clone())
             .batch_size(1_000)
-            .with_clock(clock)
             .sweep_once()
             .await
             .expect("sweep");
@@ -142,7 +151,7 @@ mod cluster_only {
             1,
             "only the live record is left: {left:?}"
         );
-        assert!(store.get(&live, later).await.expect("get").is_some());
+        assert!(store.get(&live).await.map(|found| found.map(|f| f.record)).expect("get").is_some());
     }
 
     /// A completion on instance A wakes a waiter on instance B, subscribed through another seed
@@ -155,9 +164,9 @@ mod cluster_only {
     async fn completion_on_one_instance_wakes_a_waiter_subscribed_on_another_node() {
         let backend = cluster().await;
         let mut seeds = backend.seeds.clone();
-        let a = backend.store_on(seeds.clone()).await;
+        let a = backend.store_with(seeds.clone()).await;
         seeds.rotate_left(1);
-        let b = backend.store_on(seeds).await;
+        let b = backend.store_with(seeds).await;
         assert!(b.is_subscribed(), "connect returns once subscribed");
 
         idem_tests::conformance::a_completion_or_release_wakes_its_key_on_another_instance(&a, &b)
@@ -231,15 +240,12 @@ mod cluster_only {
 
         let one = store(1).await.expect("connect");
         let key = fresh_key();
-        let claim = fresh_claim(&key, T0);
-        assert_eq!(
-            one.claim(&claim).await.expect("confirmed by the replica"),
-            ClaimOutcome::Claimed { taken_over: false }
-        );
+        let claim = fresh_claim(&key);
+        assert!(matches!(one.claim(&claim).await.expect("confirmed by the replica"), ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
         one.complete(&key, claim.token, &response("a"))
             .await
             .expect("confirmed by the replica");
-        let replay = one.claim(&fresh_claim(&key, T0)).await.expect("replay");
-        assert!(matches!(replay, ClaimOutcome::Existing(_)), "{replay:?}");
+        let replay = one.claim(&fresh_claim(&key)).await.expect("replay");
+        assert!(matches!(replay, ClaimOutcome::Existing(Found { record: _, .. })), "{replay:?}");
     }
 }

@@ -321,10 +321,10 @@ async fn run(durable: bool) -> (usize, usize, usize) {
         let key = RecordKey::new(scope.as_str(), format!("key-{k}"));
         let record = a
             .store()
-            .get(&key, a.now())
+            .get(&key)
             .await
             .expect("get")
-            .map(|r| r.state);
+            .map(|found| found.record.state);
         if record
             != Some(RecordState::Completed {
                 response: response(k),

@@ -1,6 +1,8 @@
 //! The store conformance suite on the SQLite store. Each case gets a fresh database file; every
 //! `open()` is a new pool on that file (two handles are two instances, reopening is a restart).
 
+use idem_runtime::clock::Clock;
+use std::sync::Arc;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_tests::conformance::Backend;
 use tempfile::TempDir;
@@ -15,8 +17,9 @@ struct Sqlite {
 impl Backend for Sqlite {
     type Store = SqliteStore;
 
-    async fn open(&self) -> SqliteStore {
-        SqliteStore::connect(&self.url).await.expect("open sqlite")
+    async fn open(&self, clock: Arc<dyn Clock>) -> SqliteStore {
+        let store = SqliteStore::connect(&self.url).await.expect("open sqlite");
+        store.with_clock(clock)
     }
 
     fn durable(&self) -> bool {
@@ -26,7 +29,7 @@ impl Backend for Sqlite {
     /// A store whose pool has been closed: every call fails with `PoolClosed`, mapped to
     /// `Unavailable`, without panicking or touching the file.
     async fn unreachable(&self) -> Option<SqliteStore> {
-        let store = self.open().await;
+        let store = SqliteStore::connect(&self.url).await.expect("open sqlite");
         store.pool().close().await;
         Some(store)
     }

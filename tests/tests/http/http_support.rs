@@ -17,11 +17,11 @@ use axum::{Json, Router};
 use http_body_util::BodyExt;
 use idem_runtime::__private::{run, scope_id, Policy, WithBody};
 use idem_runtime::axum::{Attempt, IdempotencyLayer, Scope};
-use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::idempotent;
 use idem_runtime::policy::{MissingKey, ReplayMode};
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
+use idem_runtime::store::{Claim, ClaimOutcome, Found, Store, StoreError, Subscription};
 use idem_runtime::{Engine, FencingToken, Record, RecordKey, StoredResponse};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -77,12 +77,12 @@ impl Store for TestStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
-        self.inner.renew(key, token, lease_until).await
+        self.inner.renew(key, token, lease).await
     }
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        self.inner.get(key).await
     }
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.subscriptions.send_modify(|n| *n += 1);
@@ -199,8 +199,12 @@ impl Harness {
     }
 
     fn with(build: fn(App) -> Router, layered: bool) -> Self {
-        let store = Arc::new(TestStore::default());
         let clock = ManualClock::new(Timestamp::from_millis(START_MS));
+        let store = Arc::new(TestStore {
+            inner: MemoryStore::new().with_clock(clock.clone()),
+            ..TestStore::default()
+        });
+        // The store judges the records' times; the engine's clock decides `reject_after` only.
         let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
         let probe = Probe::new();
         let router = build(App {
@@ -228,10 +232,8 @@ impl Harness {
 
     /// The record stored for `key` in `scope`, if any.
     pub async fn record(&self, scope: &str, key: &str) -> Option<Record> {
-        self.store
-            .get(&RecordKey::new(scope, key), self.clock.now())
-            .await
-            .unwrap()
+        let found = self.store.get(&RecordKey::new(scope, key)).await;
+        found.unwrap().map(|found| found.record)
     }
 }
 

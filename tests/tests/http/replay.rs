@@ -452,7 +452,8 @@ http_test! {
     #[tokio::test]
     async fn the_handler_gets_its_downstream_key(h) {
         let fresh = h.send(json_post("/downstream", "alice", &["k1"], "")).await;
-        let expected = RecordKey::new("alice", "k1").downstream_key();
+        let record = h.record("alice", "k1").await.expect("claimed");
+        let expected = RecordKey::new("alice", "k1").downstream_key(&record.fingerprint, record.created_at);
         assert_eq!(fresh.status, 201);
         assert_eq!(std::str::from_utf8(&fresh.body).unwrap(), format!("{expected} taken over: false"));
         let retry = h.send(json_post("/downstream", "alice", &["k1"], "")).await;

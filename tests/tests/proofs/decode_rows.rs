@@ -15,6 +15,7 @@ use idem_runtime::{FencingToken, Fingerprint, RecordKey, Store, StoreErrorKind, 
 use idem_tests::conformance::Backend;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -142,17 +143,20 @@ fn fp() -> Fingerprint {
     Fingerprint::of_request("POST", "/payments", None, b"x")
 }
 
-fn claim_at(key: &RecordKey, now: i64) -> Claim<'_> {
-    let now = Timestamp::from_millis(now);
+fn fresh_claim(key: &RecordKey) -> Claim<'_> {
     Claim {
         key,
         fingerprint: fp(),
         token: FencingToken::generate(),
-        now,
-        lease_until: now + Duration::from_secs(30),
-        expires_at: now + Duration::from_secs(3600),
-        retain_until: now + Duration::from_secs(4 * 3600),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+        retain: Duration::from_secs(4 * 3600),
     }
+}
+
+/// The clock the stores here judge time by, standing at `NOW`.
+fn clock() -> Arc<dyn idem_runtime::clock::Clock> {
+    Arc::new(idem_runtime::clock::ManualClock::new(Timestamp::from_millis(NOW)))
 }
 
 fn allowed<T: std::fmt::Debug>(
@@ -176,9 +180,9 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = String>,
 {
-    allowed("get", &store.get(key, Timestamp::from_millis(NOW)).await)?;
+    allowed("get", &store.get(key).await.map(|found| found.map(|f| f.record)))?;
     let before = snapshot().await;
-    let claimed = store.claim(&claim_at(key, NOW)).await;
+    let claimed = store.claim(&fresh_claim(key)).await;
     allowed("claim", &claimed)?;
     if matches!(&claimed, Err(e) if e.kind() == StoreErrorKind::Corrupt) {
         let after = snapshot().await;
@@ -198,10 +202,10 @@ where
         &store.complete(key, FencingToken(1), &response).await,
     )?;
     allowed("release", &store.release(key, FencingToken(1)).await)?;
-    if let Ok(ClaimOutcome::Claimed { .. }) = claimed {
+    if let Ok(ClaimOutcome::Claimed(_)) = claimed {
         allowed(
             "get after claim",
-            &store.get(key, Timestamp::from_millis(NOW)).await,
+            &store.get(key).await.map(|found| found.map(|f| f.record)),
         )?;
     }
     Ok(())
@@ -227,7 +231,7 @@ fn sqlite_rows_decode_or_are_corrupt() {
         .build()
         .expect("runtime");
     let backend = runtime.block_on(crate::proof_support::sqlite());
-    let store = runtime.block_on(backend.open());
+    let store = runtime.block_on(backend.open(clock()));
     let pool = store.pool().clone();
     let n = AtomicU64::new(0);
     let result = runner().run(&sqlite_row(), |row| {
@@ -334,7 +338,7 @@ fn postgres_rows_decode_or_are_corrupt() {
         .build()
         .expect("runtime");
     let backend = runtime.block_on(crate::proof_support::postgres());
-    let store = runtime.block_on(backend.open());
+    let store = runtime.block_on(backend.open(clock()));
     let pool = store.pool().clone();
     let n = AtomicU64::new(0);
     let result = runner().run(&pg_row(), |row| {

@@ -13,9 +13,9 @@
 
 use crate::http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
 use idem_runtime::clock::{ManualClock, Timestamp};
-use idem_runtime::store::{Claim, ClaimOutcome, Subscription};
+use idem_runtime::store::{Found, Claim, ClaimOutcome, Subscription};
 use idem_runtime::{
-    Begin, Engine, FencingToken, Fingerprint, Policy, Record, RecordKey, Rejection, Store,
+    Begin, Engine, FencingToken, Fingerprint, Policy, RecordKey, Rejection, Store,
     StoreError, StoreErrorKind, StoredResponse,
 };
 use idem_tests::conformance::Backend;
@@ -135,12 +135,12 @@ impl<S: Store> Store for Faulty<S> {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
-        self.inner.renew(key, token, lease_until).await
+        self.inner.renew(key, token, lease).await
     }
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        self.inner.get(key).await
     }
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.inner.subscribe(key)
@@ -162,13 +162,24 @@ struct Rig<S> {
     probe: Probe,
 }
 
+/// The clock a test's store judges time by, standing at the start of every case.
+fn start_clock() -> ManualClock {
+    ManualClock::new(Timestamp::from_millis(crate::http_support::START_MS))
+}
+
+/// A memory store on `clock`.
+fn memory(clock: &ManualClock) -> Arc<idem_runtime::store::memory::MemoryStore> {
+    Arc::new(idem_runtime::store::memory::MemoryStore::new().with_clock(clock.clone()))
+}
+
 impl<S: Store> Rig<S> {
-    fn new(inner: Arc<S>, store_timeout: Duration) -> Self {
+    /// A rig over `inner`, which judges time by `clock`; the clock is set back to the start, so
+    /// every case (in a scope of its own) starts there.
+    fn new(inner: Arc<S>, clock: &ManualClock, store_timeout: Duration) -> Self {
         let store = Arc::new(Faulty::new(inner));
-        let clock = ManualClock::new(Timestamp::from_millis(crate::http_support::START_MS));
-        let engine = Engine::from_arc(store.clone())
-            .with_clock(clock.clone())
-            .with_store_timeout(Some(store_timeout));
+        let clock = clock.clone();
+        clock.set(Timestamp::from_millis(crate::http_support::START_MS));
+        let engine = Engine::from_arc(store.clone()).with_store_timeout(Some(store_timeout));
         let probe = Probe {
             calls: Arc::new(AtomicUsize::new(0)),
             started: watch::Sender::new(0),
@@ -261,9 +272,13 @@ fn expected(call: Call, when: When) -> Story {
     let (first, retry, after_lease, executions) = match (call, when) {
         // Nothing was claimed: the retry simply runs.
         (Call::Claim, When::Before | When::SlowBefore) => (Unavailable503, Fresh, Replay, 1),
-        // The claim exists but nobody holds it: the key is busy until the lease runs out, then the
-        // next retry takes it over and runs. Nothing ran before that.
-        (Call::Claim, When::After | When::SlowAfter) => (Unavailable503, Conflict409, Fresh, 1),
+        // The claim landed but its answer was lost: the engine releases it, so the retry runs at
+        // once (as the same record) instead of waiting for the lease. Nothing ran before that.
+        (Call::Claim, When::After) => (Unavailable503, Fresh, Replay, 1),
+        // The store has not answered yet when the request gives up: the claim is still on its
+        // way, so the key is busy until the lease runs out (or the claim lands and is released),
+        // then the next retry runs.
+        (Call::Claim, When::SlowAfter) => (Unavailable503, Conflict409, Fresh, 1),
         // The client gets the response at once, without the promise; the completion is retried
         // until the store has it (or, its answer lost, is found stored), and retries replay it.
         (Call::Complete, _) => (FreshUnremembered, Replay, Replay, 1),
@@ -327,10 +342,11 @@ const FAULTS: [(Call, When); 4] = [
 ];
 
 async fn dropped_connections<B: Backend>(backend: B) {
-    let inner = Arc::new(backend.open().await);
+    let clock = start_clock();
+    let inner = Arc::new(backend.open(Arc::new(clock.clone())).await);
     for (call, when) in FAULTS {
         // Each case has a clock of its own; a user (scope) of its own keeps cases apart.
-        let rig = Rig::new(inner.clone(), Duration::from_secs(30));
+        let rig = Rig::new(inner.clone(), &clock, Duration::from_secs(30));
         let user = format!("u-{}", uuid::Uuid::new_v4().simple());
         let got = story(&rig, &user, call, when).await;
         assert_eq!(got, expected(call, when), "{call:?} failing {when:?}");
@@ -339,7 +355,7 @@ async fn dropped_connections<B: Backend>(backend: B) {
         (When::Before, AfterRelease::RunsAfterTheLease),
         (When::After, AfterRelease::RunsAtOnce),
     ] {
-        let rig = Rig::new(inner.clone(), Duration::from_secs(30));
+        let rig = Rig::new(inner.clone(), &clock, Duration::from_secs(30));
         let user = format!("u-{}", uuid::Uuid::new_v4().simple());
         assert_eq!(
             release_story(&rig, &user, when).await,
@@ -377,20 +393,21 @@ on_every_backend!(
 /// fire without waiting.
 #[tokio::test(start_paused = true)]
 async fn a_slow_store_times_out_into_the_same_stories() {
-    let inner = Arc::new(idem_runtime::store::memory::MemoryStore::new());
+    let clock = start_clock();
+    let inner = memory(&clock);
     for (call, when) in [
         (Call::Claim, When::SlowBefore),
         (Call::Claim, When::SlowAfter),
         (Call::Complete, When::SlowBefore),
         (Call::Complete, When::SlowAfter),
     ] {
-        let rig = Rig::new(inner.clone(), Duration::from_secs(5));
+        let rig = Rig::new(inner.clone(), &clock, Duration::from_secs(5));
         let user = format!("u-{}", uuid::Uuid::new_v4().simple());
         let got = story(&rig, &user, call, when).await;
         assert_eq!(got, expected(call, when), "{call:?} {when:?}");
     }
     // The 503 says when to come back.
-    let rig = Rig::new(inner.clone(), Duration::from_secs(5));
+    let rig = Rig::new(inner.clone(), &clock, Duration::from_secs(5));
     rig.store.arm(Call::Claim, When::SlowBefore);
     let reply = rig.pay("slow").await;
     assert_eq!(reply.header("retry-after"), Some("1"));
@@ -401,10 +418,8 @@ async fn a_slow_store_times_out_into_the_same_stories() {
 /// response is stored, so the retry replays it and nothing runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_disconnecting_mid_request_loses_nothing_and_runs_nothing_twice() {
-    let rig = Rig::new(
-        Arc::new(idem_runtime::store::memory::MemoryStore::new()),
-        Duration::from_secs(5),
-    );
+    let clock = start_clock();
+    let rig = Rig::new(memory(&clock), &clock, Duration::from_secs(5));
     rig.probe.open.send_replace(false);
     let router = rig.router.clone();
     let request = tokio::spawn(async move {
@@ -429,10 +444,8 @@ async fn a_client_disconnecting_mid_request_loses_nothing_and_runs_nothing_twice
 /// would tell the client to give the key up.
 #[tokio::test]
 async fn an_injected_claim_failure_is_unavailable_with_its_cause() {
-    let rig = Rig::new(
-        Arc::new(idem_runtime::store::memory::MemoryStore::new()),
-        Duration::from_secs(5),
-    );
+    let clock = start_clock();
+    let rig = Rig::new(memory(&clock), &clock, Duration::from_secs(5));
     rig.store.arm(Call::Claim, When::Before);
     let fp = Fingerprint::of_request("POST", "/x", None, b"x");
     match rig

@@ -218,6 +218,7 @@ fn origin_of(body: &[u8]) -> Option<(u8, u8, u8)> {
 enum MState {
     InFlight { lease_until: Timestamp },
     Completed { response: StoredResponse },
+    Released,
 }
 
 #[derive(Debug, Clone)]
@@ -256,6 +257,8 @@ enum Expect {
 fn predict(model: &Model, k: (u8, u8), fp: u8, now: Timestamp) -> Expect {
     match model.live(k, now) {
         None => Expect::Execute { taken_over: false },
+        // Resumed by its own request before its expiry, replaced by any other claim.
+        Some(r) if matches!(r.state, MState::Released) => Expect::Execute { taken_over: false },
         Some(r) if now >= r.expires_at => Expect::Expired(r.expires_at),
         Some(r) if r.fp != fp => Expect::Mismatch(r.expires_at),
         Some(r) => match &r.state {
@@ -264,8 +267,15 @@ fn predict(model: &Model, k: (u8, u8), fp: u8, now: Timestamp) -> Expect {
                 Expect::Execute { taken_over: true }
             }
             MState::InFlight { .. } => Expect::InFlight,
+            MState::Released => unreachable!("handled above"),
         },
     }
+}
+
+/// Whether a claim of `fp` at `now` resumes the released record `r` (keeping its times) rather than
+/// replacing it.
+fn resumes(r: Option<&MRecord>, fp: u8, now: Timestamp) -> bool {
+    r.is_some_and(|r| matches!(r.state, MState::Released) && r.fp == fp && now < r.expires_at)
 }
 
 struct Held {
@@ -280,17 +290,13 @@ fn fail(step: usize, op: &Op, what: String) -> TestCaseError {
 /// Runs one generated case against `instances` (two engines' stores over the same records).
 async fn run_case<S: Store + Purge>(
     instances: &[Arc<S>],
+    clock: &ManualClock,
     ops: &[Op],
     case: &str,
 ) -> Result<(), TestCaseError> {
-    let clock = ManualClock::new(T0);
     let engines: Vec<Engine> = instances
         .iter()
-        .map(|s| {
-            Engine::from_arc(s.clone())
-                .with_clock(clock.clone())
-                .with_store_timeout(Some(Duration::from_secs(30)))
-        })
+        .map(|s| Engine::from_arc(s.clone()).with_store_timeout(Some(Duration::from_secs(30))))
         .collect();
     let record_key =
         |(scope, key): (u8, u8)| RecordKey::new(format!("{case}-s{scope}"), format!("k{key}"));
@@ -312,6 +318,7 @@ async fn run_case<S: Store + Purge>(
                     let k = (scope, key);
                     let engine = &engines[client % engines.len()];
                     let expected = predict(&model, k, fp, now);
+                    let resuming = resumes(model.live(k, now), fp, now);
                     let got = engine.begin(record_key(k), fingerprint(fp), &policy).await;
                     match (&expected, got) {
                         (Expect::Execute { taken_over }, Ok(Begin::Execute(guard))) => {
@@ -324,7 +331,7 @@ async fn run_case<S: Store + Purge>(
                             let token = guard.token();
                             let lease_until = now + LEASE;
                             match model.records.get_mut(&k) {
-                                Some(r) if *taken_over => {
+                                Some(r) if *taken_over || resuming => {
                                     r.token = token;
                                     r.state = MState::InFlight { lease_until };
                                 }
@@ -405,12 +412,11 @@ async fn run_case<S: Store + Purge>(
                     };
                     match (current, forgotten, result) {
                         (true, _, Ok(())) => {
-                            if completing {
-                                if let Some(r) = model.records.get_mut(&k) {
-                                    r.state = MState::Completed { response: stored };
-                                }
-                            } else {
-                                model.records.remove(&k);
+                            if let Some(r) = model.records.get_mut(&k) {
+                                r.state = match completing {
+                                    true => MState::Completed { response: stored },
+                                    false => MState::Released,
+                                };
                             }
                         }
                         // A record past retention may already have been purged (or evicted by a
@@ -418,18 +424,25 @@ async fn run_case<S: Store + Purge>(
                         (true, true, Err(e)) if e.kind() == StoreErrorKind::Fenced => {
                             model.records.remove(&k);
                         }
+                        // Released under a live key by a later holder: the completion claims it back
+                        // (the same record) and stores its response, since its handler's effects
+                        // happened.
+                        (false, false, Ok(())) if completing && resumes(model.live(k, now), origin.fp, now) => {
+                            if let Some(r) = model.records.get_mut(&k) {
+                                r.token = token;
+                                r.state = MState::Completed { response: stored };
+                            }
+                        }
                         (false, _, Err(e)) if e.kind() == StoreErrorKind::Fenced => {}
-                        // The record vanished under a live key (released by a later holder, or
-                        // lost by the store): the completion claims it back and stores its
-                        // response, since its handler's effects happened.
+                        // The record is gone (purged, or lost by the store): the completion claims
+                        // a fresh one and stores its response while the key is live...
                         (false, true, Ok(())) if completing && now < expires_at => {
-                            let retain_until = expires_at + (RETAIN - TTL);
                             model.records.insert(k, MRecord {
                                 fp: origin.fp,
                                 token,
                                 created_at: now,
-                                expires_at,
-                                retain_until,
+                                expires_at: now + TTL,
+                                retain_until: now + RETAIN,
                                 state: MState::Completed { response: stored },
                             });
                         }
@@ -453,7 +466,7 @@ async fn run_case<S: Store + Purge>(
                     let forgotten = model.live(k, now).is_none();
                     let lease_until = now + LEASE;
                     let result = instances[slot % instances.len()]
-                        .renew(guard.key(), guard.token(), lease_until)
+                        .renew(guard.key(), guard.token(), LEASE)
                         .await;
                     match (current, forgotten, result) {
                         // A renewal that lands moves the lease: no takeover until it runs out.
@@ -481,7 +494,7 @@ async fn run_case<S: Store + Purge>(
                 Op::Advance(jump) => clock.advance(jump.duration()),
                 Op::Purge { batch } => {
                     let purged = instances[0]
-                        .purge_expired(now, batch)
+                        .purge_expired(batch)
                         .await
                         .map_err(|e| fail(step, op, format!("purge failed: {e}")))?;
                     if purged > batch as u64 {
@@ -491,9 +504,13 @@ async fn run_case<S: Store + Purge>(
                 Op::Get { scope, key } => {
                     let k = (scope, key);
                     let got = instances[1 % instances.len()]
-                        .get(&record_key(k), now)
+                        .get(&record_key(k))
                         .await
                         .map_err(|e| fail(step, op, format!("get failed: {e}")))?;
+                    if got.as_ref().is_some_and(|found| found.now != now) {
+                        return Err(fail(step, op, format!("get carried another time than the store's: {got:?}")));
+                    }
+                    let got = got.map(|found| found.record);
                     let expected = model.live(k, now);
                     let same = match (&got, expected) {
                         (None, None) => true,
@@ -506,6 +523,7 @@ async fn run_case<S: Store + Purge>(
                                 && match (&r.state, &m.state) {
                                     (RecordState::InFlight { lease_until: a }, MState::InFlight { lease_until: b }) => a == b,
                                     (RecordState::Completed { response: a }, MState::Completed { response: b }) => a == b,
+                                    (RecordState::Released, MState::Released) => true,
                                     _ => false,
                                 }
                         }
@@ -534,11 +552,12 @@ async fn run_case<S: Store + Purge>(
     result
 }
 
-/// Opens two instances over one backend's records (one shared store where the backend is memory).
-async fn instances<B: Backend>(backend: &B) -> Vec<Arc<B::Store>> {
-    let first = Arc::new(backend.open().await);
+/// Opens two instances over one backend's records (one shared store where the backend is memory),
+/// both judging time by `clock`.
+async fn instances<B: Backend>(backend: &B, clock: &ManualClock) -> Vec<Arc<B::Store>> {
+    let first = Arc::new(backend.open(Arc::new(clock.clone())).await);
     let second = if backend.durable() {
-        Arc::new(backend.open().await)
+        Arc::new(backend.open(Arc::new(clock.clone())).await)
     } else {
         first.clone()
     };
@@ -552,12 +571,15 @@ fn sequential<B: Backend>(make: impl std::future::Future<Output = B>) {
         .build()
         .expect("runtime");
     let backend = runtime.block_on(make);
-    let stores = runtime.block_on(instances(&backend));
+    // One store clock for the whole run: each case starts where the previous one left it, in
+    // scopes of its own.
+    let clock = ManualClock::new(T0);
+    let stores = runtime.block_on(instances(&backend, &clock));
     let run = uuid::Uuid::new_v4().simple().to_string();
     let n = AtomicU64::new(0);
     let result = runner().run(&ops(), |ops| {
         let case = format!("model-{run}-{}", n.fetch_add(1, Ordering::Relaxed));
-        runtime.block_on(run_case(&stores, &ops, &case))
+        runtime.block_on(run_case(&stores, &clock, &ops, &case))
     });
     drop(stores);
     if let Err(e) = result {
@@ -597,14 +619,9 @@ async fn run_race<S: Store + Purge>(
     scripts: Vec<Script>,
     case: &str,
 ) -> Result<(), TestCaseError> {
-    let clock = ManualClock::new(T0);
     let engines: Vec<Engine> = instances
         .iter()
-        .map(|s| {
-            Engine::from_arc(s.clone())
-                .with_clock(clock.clone())
-                .with_store_timeout(Some(Duration::from_secs(30)))
-        })
+        .map(|s| Engine::from_arc(s.clone()).with_store_timeout(Some(Duration::from_secs(30))))
         .collect();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let execs = Arc::new(AtomicU64::new(0));
@@ -710,7 +727,8 @@ fn concurrent<B: Backend>(make: impl std::future::Future<Output = B>) {
         .build()
         .expect("runtime");
     let backend = runtime.block_on(make);
-    let stores = runtime.block_on(instances(&backend));
+    // The store clock never moves here, so a lease never ends.
+    let stores = runtime.block_on(instances(&backend, &ManualClock::new(T0)));
     let run = uuid::Uuid::new_v4().simple().to_string();
     let n = AtomicU64::new(0);
     let mut runner = runner();

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // each test file uses part of this module
 
+use idem_runtime::clock::Clock;
 use idem_runtime::sqlx::postgres::PgConnectOptions;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::postgres::PostgresStore;
@@ -14,6 +15,7 @@ use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_tests::conformance::Backend;
 use idem_tests::services;
+use std::sync::Arc;
 
 /// The in-memory store. Not shared between handles: every `open` is a new store, so a test that
 /// wants two instances over one memory store clones an `Arc` instead.
@@ -22,8 +24,8 @@ pub struct Memory;
 #[async_trait::async_trait]
 impl Backend for Memory {
     type Store = MemoryStore;
-    async fn open(&self) -> MemoryStore {
-        MemoryStore::new()
+    async fn open(&self, clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore::new().with_clock(clock)
     }
     fn durable(&self) -> bool {
         false
@@ -47,14 +49,15 @@ pub struct Sqlite {
 #[async_trait::async_trait]
 impl Backend for Sqlite {
     type Store = SqliteStore;
-    async fn open(&self) -> SqliteStore {
-        SqliteStore::connect(&self.url).await.expect("open sqlite")
+    async fn open(&self, clock: Arc<dyn Clock>) -> SqliteStore {
+        let store = SqliteStore::connect(&self.url).await.expect("open sqlite");
+        store.with_clock(clock)
     }
     fn durable(&self) -> bool {
         true
     }
     async fn unreachable(&self) -> Option<SqliteStore> {
-        let store = self.open().await;
+        let store = SqliteStore::connect(&self.url).await.expect("open sqlite");
         store.pool().close().await;
         Some(store)
     }
@@ -83,13 +86,14 @@ impl Postgres {
 #[async_trait::async_trait]
 impl Backend for Postgres {
     type Store = PostgresStore;
-    async fn open(&self) -> PostgresStore {
+    async fn open(&self, clock: Arc<dyn Clock>) -> PostgresStore {
         let pool = PostgresStore::pool_options()
             .max_connections(4)
             .connect_with(self.options())
             .await
             .expect("connect to the test database");
-        PostgresStore::from_pool(pool).await.expect("migrate")
+        let store = PostgresStore::from_pool(pool).await.expect("migrate");
+        store.with_clock(clock)
     }
     fn durable(&self) -> bool {
         true
@@ -129,9 +133,10 @@ impl Backend for Redis {
     /// These tests check what the store does, not how fast: a response timeout far above the
     /// default 2 s keeps a machine starved of CPU from failing a case (a long model run saw a purge
     /// call exceed 2 s while two cores were shared with fuzzers and builds).
-    async fn open(&self) -> RedisStore {
+    async fn open(&self, clock: Arc<dyn Clock>) -> RedisStore {
         RedisStore::builder(self.url())
             .prefix(self.prefix())
+            .clock(clock)
             .response_timeout(std::time::Duration::from_secs(30))
             .connect()
             .await
@@ -162,9 +167,10 @@ pub struct RedisCluster {
 impl Backend for RedisCluster {
     type Store = RedisClusterStore;
     /// A long response timeout, as for [`Redis`].
-    async fn open(&self) -> RedisClusterStore {
+    async fn open(&self, clock: Arc<dyn Clock>) -> RedisClusterStore {
         RedisClusterStore::builder(self.space.seeds())
             .prefix(self.space.prefix())
+            .clock(clock)
             .response_timeout(std::time::Duration::from_secs(30))
             .connect()
             .await

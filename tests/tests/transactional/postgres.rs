@@ -4,11 +4,11 @@
 
 use crate::transactional_support::*;
 use axum::Router;
-use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::metrics::Outcome;
 use idem_runtime::sqlx::{self, postgres::PgPool, postgres::PgPoolOptions};
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::{Engine, Record, RecordKey, RecordState, Store, Transactional};
+use idem_runtime::{Record, RecordKey, RecordState, Store, Transactional};
 use idem_tests::services::TestDb;
 use serde_json::json;
 use std::sync::Arc;
@@ -38,11 +38,12 @@ async fn setup(options: Option<PgPoolOptions>) -> Postgres {
     for ddl in SCHEMA {
         sqlx::query(ddl).execute(&pool).await.expect("ledger");
     }
-    let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrate"));
+    let store = PostgresStore::from_pool(pool).await.expect("migrate");
     let checks = PgPool::connect_with(db.options()).await.expect("checks");
     let clock = ManualClock::new(Timestamp::from_millis(START_MS));
     let controls = Controls::default();
-    let (txn, router) = instance(store.clone(), &clock, &controls);
+    let (txn, router) = instance(store, &clock, &controls);
+    let store = txn.store().clone();
     Postgres {
         store,
         checks,
@@ -65,12 +66,12 @@ fn two_connections() -> Option<PgPoolOptions> {
 
 /// The app on `store`, with `clock` and `controls`.
 fn instance(
-    store: Arc<PostgresStore>,
+    store: PostgresStore,
     clock: &ManualClock,
     controls: &Controls,
 ) -> (Transactional<PostgresStore>, Router) {
-    let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
-    let txn = Transactional::new(engine, store).expect("same store");
+    // The store judges the records' times by `clock`; the engine's clock decides nothing here.
+    let txn = Transactional::new(store.with_clock(clock.clone()));
     let router = router(App {
         txn: txn.clone(),
         controls: controls.clone(),
@@ -116,10 +117,8 @@ impl Backend for Postgres {
             .expect("count")
     }
     async fn record(&self, user: &str, key: &str) -> Option<Record> {
-        self.store
-            .get(&RecordKey::new(user, key), self.clock.now())
-            .await
-            .expect("get")
+        let found = self.store.get(&RecordKey::new(user, key)).await;
+        found.expect("get").map(|found| found.record)
     }
     /// EXCLUSIVE mode lets plain reads through and blocks every insert, update and delete.
     async fn lock_writes(&self) -> Box<dyn WriteLock> {
@@ -136,8 +135,9 @@ impl Backend for Postgres {
             .connect_with(self.db.options())
             .await
             .expect("second pool");
-        let store = Arc::new(PostgresStore::from_pool(pool).await.expect("migrated"));
-        let (txn, router) = instance(store.clone(), &self.clock, &self.controls);
+        let store = PostgresStore::from_pool(pool).await.expect("migrated");
+        let (txn, router) = instance(store, &self.clock, &self.controls);
+        let store = txn.store().clone();
         Instance {
             router,
             engine: txn.engine().clone(),
@@ -232,7 +232,7 @@ async fn a_down_database_answers_store_unavailable() {
     let pool = PostgresStore::pool_options()
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy_with(options);
-    let store = Arc::new(PostgresStore::from_pool_unmigrated(pool));
+    let store = PostgresStore::from_pool_unmigrated(pool);
     let controls = Controls::default();
     let clock = ManualClock::new(Timestamp::from_millis(START_MS));
     let (txn, router) = instance(store, &clock, &controls);

@@ -3,10 +3,10 @@
 
 use crate::transactional_support::*;
 use axum::Router;
-use idem_runtime::clock::{Clock, ManualClock, Timestamp};
+use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::sqlx::{self, sqlite::SqlitePool, sqlite::SqlitePoolOptions};
 use idem_runtime::store::sqlite::SqliteStore;
-use idem_runtime::{Engine, Record, RecordKey, Store, Transactional};
+use idem_runtime::{Record, RecordKey, Store, Transactional};
 use std::sync::Arc;
 
 transactional_app!(idem_runtime::sqlx::Sqlite, SqliteStore);
@@ -38,7 +38,7 @@ async fn setup(connections: Option<u32>) -> Sqlite {
             SqliteStore::from_pool(pool).await
         }
     };
-    let store = Arc::new(store.expect("open"));
+    let store = store.expect("open");
     for ddl in SCHEMA {
         sqlx::query(ddl)
             .execute(store.pool())
@@ -47,7 +47,8 @@ async fn setup(connections: Option<u32>) -> Sqlite {
     }
     let clock = ManualClock::new(Timestamp::from_millis(START_MS));
     let controls = Controls::default();
-    let (txn, router) = instance(store.clone(), &clock, &controls);
+    let (txn, router) = instance(store, &clock, &controls);
+    let store = txn.store().clone();
     Sqlite {
         _dir: dir,
         url,
@@ -61,12 +62,12 @@ async fn setup(connections: Option<u32>) -> Sqlite {
 
 /// The app on `store`, with `clock` and `controls`.
 fn instance(
-    store: Arc<SqliteStore>,
+    store: SqliteStore,
     clock: &ManualClock,
     controls: &Controls,
 ) -> (Transactional<SqliteStore>, Router) {
-    let engine = Engine::from_arc(store.clone()).with_clock(clock.clone());
-    let txn = Transactional::new(engine, store).expect("same store");
+    // The store judges the records' times by `clock`; the engine's clock decides nothing here.
+    let txn = Transactional::new(store.with_clock(clock.clone()));
     let router = router(App {
         txn: txn.clone(),
         controls: controls.clone(),
@@ -119,10 +120,8 @@ impl Backend for Sqlite {
             .expect("count")
     }
     async fn record(&self, user: &str, key: &str) -> Option<Record> {
-        self.store
-            .get(&RecordKey::new(user, key), self.clock.now())
-            .await
-            .expect("get")
+        let found = self.store.get(&RecordKey::new(user, key)).await;
+        found.expect("get").map(|found| found.record)
     }
     async fn lock_writes(&self) -> Box<dyn WriteLock> {
         let pool = SqlitePool::connect_with(SqliteStore::options(&self.url).expect("options"))
@@ -138,12 +137,11 @@ impl Backend for Sqlite {
     /// A second store handle on the file: a pool of its own; in this process it shares the file's
     /// wake-ups and write gate, as SQLite's single instance does.
     async fn another_instance(&self) -> Instance {
-        let store = Arc::new(
-            SqliteStore::connect(&self.url)
-                .await
-                .expect("second handle"),
-        );
-        let (txn, router) = instance(store.clone(), &self.clock, &self.controls);
+        let store = SqliteStore::connect(&self.url)
+            .await
+            .expect("second handle");
+        let (txn, router) = instance(store, &self.clock, &self.controls);
+        let store = txn.store().clone();
         Instance {
             router,
             engine: txn.engine().clone(),

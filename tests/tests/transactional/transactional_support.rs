@@ -462,7 +462,7 @@ pub async fn replies(mut tasks: tokio::task::JoinSet<Reply>) -> Vec<Reply> {
 fn completed_status(record: &Record) -> Option<u16> {
     match &record.state {
         RecordState::Completed { response } => Some(response.status),
-        RecordState::InFlight { .. } => None,
+        RecordState::InFlight { .. } | RecordState::Released => None,
     }
 }
 

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  bytes  field
 //!      0      1  layout version: 1
-//!      1      1  state: b'F' in flight, b'D' done
+//!      1      1  state: b'F' in flight, b'D' done, b'R' released
 //!      2      1  watched: 1 once a duplicate announced it waits (meaningful in flight), else 0
 //!      3      8  fencing token
 //!     11      8  created_at     ms since the Unix epoch
@@ -26,7 +26,7 @@
 //! appending a [`Response`]. A change to the layout must change the version: the decoder refuses
 //! every other version as corrupt, and so do the scripts.
 
-use super::super::{Claim, StoreError};
+use super::super::{Stamped, StoreError};
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordState, StoredResponse};
@@ -39,6 +39,7 @@ use std::io;
 pub(super) const VERSION: u8 = 1;
 const IN_FLIGHT: u8 = b'F';
 const DONE: u8 = b'D';
+const RELEASED: u8 = b'R';
 /// The length of the header, and of a whole in-flight record.
 pub(super) const HEADER_LEN: usize = 75;
 
@@ -65,12 +66,13 @@ pub(super) fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
             let _ = response.write(&mut out);
             Ok(out)
         }
+        RecordState::Released => Ok(header(record, RELEASED, Timestamp::from_millis(0)).to_vec()),
     }
 }
 
 /// The fresh in-flight record `claim` inserts, not watched: a header alone, kept on the stack (the
 /// claim sends it with every attempt).
-pub(super) fn fresh(claim: &Claim<'_>) -> [u8; HEADER_LEN] {
+pub(super) fn fresh(claim: &Stamped<'_>) -> [u8; HEADER_LEN] {
     header(&claim.record(), IN_FLIGHT, claim.lease_until)
 }
 
@@ -101,6 +103,7 @@ pub(super) fn state(record: &Record) -> &'static [u8] {
     match record.state {
         RecordState::InFlight { .. } => &[IN_FLIGHT],
         RecordState::Completed { .. } => &[DONE],
+        RecordState::Released => &[RELEASED],
     }
 }
 
@@ -199,6 +202,8 @@ pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
             lease_until: time(LEASE),
         },
         IN_FLIGHT => return Err(corrupt("bytes after an in-flight record's header")),
+        RELEASED if blob.len() == HEADER_LEN => RecordState::Released,
+        RELEASED => return Err(corrupt("bytes after a released record's header")),
         DONE => {
             // The header values and the body share the blob's allocation instead of copying it.
             let blob = Bytes::from(blob);

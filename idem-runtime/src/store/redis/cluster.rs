@@ -3,11 +3,10 @@
 
 use super::{
     channel_name, redis_error, runtime_present, subscribe, warn_if_evicting, Claim, ClaimOutcome,
-    Purge, Records, RedisStoreBuilder, Store, StoreError, Subscriber, Subscription,
+    Found, Purge, Records, RedisStoreBuilder, Store, StoreError, Subscriber, Subscription,
     SCAN_STEPS_PER_CALL,
 };
-use crate::clock::Timestamp;
-use crate::record::{FencingToken, Record, RecordKey, StoredResponse};
+use crate::record::{FencingToken, RecordKey, StoredResponse};
 use ::redis::aio::ConnectionLike;
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
@@ -17,6 +16,7 @@ use ::redis::{
 };
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 use tokio::sync::OnceCell;
 
 /// How many times the cluster client resends a command after a redirection (`MOVED`, `ASK`), a
@@ -218,7 +218,8 @@ impl Purge for RedisClusterStore {
     /// Deletes at most `batch` records past retention at `now`, continuing one pass over every
     /// primary's keys across calls (as [`RedisStore`](super::RedisStore) does over one server's);
     /// a call stops at the end of the pass or after 64 `SCAN` steps in all.
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        let now = self.records.now();
         let mut conn = self.conn().await?;
         let primaries = primaries(&mut conn).await?;
         let (node, mut cursor) = self

@@ -94,8 +94,8 @@
 //!
 //! [hash tag]: https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags
 
-use super::{Claim, ClaimOutcome, Purge, Store, StoreError, Subscription, Waiters};
-use crate::clock::Timestamp;
+use super::{Claim, ClaimOutcome, Found, Purge, Stamped, Store, StoreError, Subscription, Waiters};
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
 use ::redis::{
@@ -181,6 +181,7 @@ pub struct RedisStoreBuilder<S = RedisStore> {
     response_timeout: Duration,
     reconnect_retries: usize,
     durability: Option<Durability>,
+    clock: Arc<dyn Clock>,
     store: PhantomData<fn() -> S>,
 }
 
@@ -190,6 +191,7 @@ impl<S> Clone for RedisStoreBuilder<S> {
             nodes: self.nodes.clone(),
             prefix: self.prefix.clone(),
             durability: self.durability,
+            clock: self.clock.clone(),
             store: PhantomData,
             ..*self
         }
@@ -212,8 +214,16 @@ impl<S> RedisStoreBuilder<S> {
             response_timeout: Duration::from_secs(2),
             reconnect_retries: 0,
             durability: None,
+            clock: Arc::new(SystemClock),
             store: PhantomData,
         }
+    }
+
+    /// Judges every time by `clock` (tests move a [`ManualClock`](crate::clock::ManualClock) to
+    /// expire keys and leases).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The prefix of every key and of the notification channel (default `"idem"`). Services that
@@ -288,6 +298,7 @@ impl<S> RedisStoreBuilder<S> {
             scripts: Scripts::new(),
             waiters: Arc::new(Waiters::new()),
             durability: self.durability,
+            clock: self.clock.clone(),
         })
     }
 
@@ -515,6 +526,7 @@ struct Records {
     scripts: Scripts,
     waiters: Arc<Waiters>,
     durability: Option<Durability>,
+    clock: Arc<dyn Clock>,
 }
 
 /// A Lua script: its hash for `EVALSHA`, and its code for `EVAL` on a server that lacks it.
@@ -553,6 +565,10 @@ impl Scripts {
 }
 
 impl Records {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
     fn key<'a>(&'a self, key: &'a RecordKey) -> RedisKey<'a> {
         RedisKey {
             prefix: &self.prefix,
@@ -632,7 +648,7 @@ impl Records {
     async fn claim<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
-        claim: &Claim<'_>,
+        claim: &Stamped<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
         let key = self.key(claim.key);
         let ttl = claim
@@ -654,20 +670,19 @@ impl Records {
             let (found, durable): (Option<Vec<u8>>, bool) =
                 self.send(conn, cmd, true).await.map_err(redis_error)?;
             let Some(found) = found else {
-                return confirmed(durable).map(|()| ClaimOutcome::Claimed { taken_over: false });
+                return confirmed(durable).map(|()| claim.won(None));
             };
             let record = blob::decode(found)?;
             // The replacements are boxed: inlined, their futures would make every claim's future
             // (which the store trait boxes and moves) several times larger.
             if record.token == claim.token && matches!(record.state, RecordState::InFlight { .. }) {
                 // A cluster client resent our claim after a lost reply: it landed the first time.
-                return Ok(ClaimOutcome::Claimed {
-                    taken_over: record.created_at != claim.now,
-                });
+                let taken_over = record.created_at != claim.now;
+                return Ok(claim.won(taken_over.then_some(&record)));
             } else if record.is_forgotten(claim.now) {
                 // A fresh record, and a fresh TTL.
                 if Box::pin(self.replace(conn, key, &record, &fresh, Some(ttl))).await? {
-                    return Ok(ClaimOutcome::Claimed { taken_over: false });
+                    return Ok(claim.won(None));
                 }
             } else if claim.can_take_over(&record) {
                 // The same record under the new token and lease; the key keeps its TTL.
@@ -679,10 +694,10 @@ impl Records {
                     ..record.clone()
                 })?;
                 if Box::pin(self.replace(conn, key, &record, &taken, None)).await? {
-                    return Ok(ClaimOutcome::Claimed { taken_over: true });
+                    return Ok(claim.won(Some(&record)));
                 }
             } else {
-                return Ok(ClaimOutcome::Existing(record));
+                return Ok(claim.existing(record));
             }
             // Someone changed the record between our read and our replace: look again.
         }
@@ -898,7 +913,8 @@ macro_rules! redis_store {
             }
 
             async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-                self.records.claim(&mut self.conn().await?, claim).await
+                let claim = claim.stamped(self.records.now());
+                self.records.claim(&mut self.conn().await?, &claim).await
             }
 
             async fn complete(
@@ -927,18 +943,17 @@ macro_rules! redis_store {
                 &self,
                 key: &RecordKey,
                 token: FencingToken,
-                lease_until: Timestamp,
+                lease: Duration,
             ) -> Result<(), StoreError> {
                 let mut conn = self.conn().await?;
+                let lease_until = self.records.now() + lease;
                 self.records.renew(&mut conn, key, token, lease_until).await
             }
 
-            async fn get(
-                &self,
-                key: &RecordKey,
-                now: Timestamp,
-            ) -> Result<Option<Record>, StoreError> {
-                self.records.get(&mut self.conn().await?, key, now).await
+            async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+                let now = self.records.now();
+                let found = self.records.get(&mut self.conn().await?, key, now).await?;
+                Ok(found.map(|record| Found { record, now }))
             }
 
             fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -981,7 +996,8 @@ impl Purge for RedisStore {
     /// store's keys across calls. A call stops at the end of the pass or after 64 `SCAN` steps, and
     /// may then return fewer than `batch`, which ends a [`Sweeper`](crate::sweeper::Sweeper) sweep; the
     /// next sweep continues the pass. See the [module documentation](self).
-    async fn purge_expired(&self, now: Timestamp, batch: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        let now = self.records.now();
         let mut conn = self.conn().await?;
         let cursor = *self
             .scan_cursor
