@@ -37,15 +37,8 @@ struct Shared {
     /// How many keys have an entry: changed only under the lock, with the entry's insertion or
     /// removal; read without it by [`Waiters::notify`], so that while no key has a waiter (nearly
     /// always) a completion does not take the one lock every key of the store shares.
-    keys: KeyCount,
+    keys: AtomicUsize,
 }
-
-/// The count on cache lines of its own (128 bytes, as the memory store's shards: the adjacent-line
-/// prefetcher pairs 64-byte lines). While someone waits, the lock's line moves between cores with
-/// each subscription; the count, read by every notify, changes only when a key gains or loses its
-/// entry, so it should not move with it.
-#[repr(align(128))]
-struct KeyCount(AtomicUsize);
 
 #[derive(Default)]
 struct Registry {
@@ -109,7 +102,7 @@ impl Waiters {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::new(Registry::default()),
-                keys: KeyCount(AtomicUsize::new(0)),
+                keys: AtomicUsize::new(0),
             }),
         }
     }
@@ -121,7 +114,7 @@ impl Waiters {
         let id = registry.next_id;
         registry.next_id += 1;
         let entry = registry.entries.entry(key.clone()).or_insert_with(|| {
-            self.shared.keys.0.fetch_add(1, Ordering::Relaxed);
+            self.shared.keys.fetch_add(1, Ordering::Relaxed);
             Entry::default()
         });
         entry.subscribers += 1;
@@ -172,7 +165,7 @@ impl Waiters {
     /// what loom proves is that each fence is needed, and the argument above that they suffice.
     pub fn notify(&self, key: &RecordKey) {
         fence(Ordering::SeqCst);
-        if self.shared.keys.0.load(Ordering::Relaxed) == 0 {
+        if self.shared.keys.load(Ordering::Relaxed) == 0 {
             return;
         }
         let wakers = match lock(&self.shared).entries.get_mut(key) {
@@ -274,7 +267,7 @@ impl Drop for Subscription {
             None => false,
         };
         if last && registry.entries.remove(&inner.key).is_some() {
-            inner.shared.keys.0.fetch_sub(1, Ordering::Relaxed);
+            inner.shared.keys.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -371,7 +364,7 @@ mod tests {
     #[test]
     fn the_key_count_follows_the_entries() {
         let w = Waiters::new();
-        let keys = |w: &Waiters| w.shared.keys.0.load(Ordering::Relaxed);
+        let keys = |w: &Waiters| w.shared.keys.load(Ordering::Relaxed);
         let (a, b) = (RecordKey::new("s", "a"), RecordKey::new("s", "b"));
         let a1 = w.subscribe(&a);
         let a2 = w.subscribe(&a);

@@ -58,25 +58,9 @@ pub(crate) fn set_expires(headers: &mut HeaderMap, at: Timestamp) {
     }
 }
 
-/// `at` as an IMF-fixdate. The date has a resolution of one second and every request in the same
-/// second of a ttl shares it, so each thread keeps the last one it formatted: the header then costs
-/// a reference count instead of formatting and two allocations.
+/// `at` as an IMF-fixdate, to the second.
 fn http_date(at: Timestamp) -> Option<HeaderValue> {
-    thread_local! {
-        static LAST: std::cell::RefCell<Option<(i64, HeaderValue)>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    let second = at.as_millis().div_euclid(1000);
-    let cached = LAST.with_borrow(|last| match last {
-        Some((s, value)) if *s == second => Some(value.clone()),
-        _ => None,
-    });
-    if cached.is_some() {
-        return cached;
-    }
-    let value = HeaderValue::from_str(&httpdate::fmt_http_date(at.to_system_time())).ok()?;
-    LAST.with_borrow_mut(|last| *last = Some((second, value.clone())));
-    Some(value)
+    HeaderValue::try_from(httpdate::fmt_http_date(at.to_system_time())).ok()
 }
 
 /// The handler's response, split into what to store and what to send now.
@@ -414,7 +398,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cached_expiry_date_follows_the_second_asked_for() {
+    fn the_expiry_date_is_an_imf_fixdate_to_the_second() {
         let at = |ms| http_date(Timestamp::from_millis(ms)).expect("a valid date");
         assert_eq!(at(0), "Thu, 01 Jan 1970 00:00:00 GMT");
         assert_eq!(at(999), "Thu, 01 Jan 1970 00:00:00 GMT");

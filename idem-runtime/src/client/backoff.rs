@@ -53,11 +53,6 @@ impl ExponentialBackoff {
         Duration::try_from_secs_f64(ceiling.as_secs_f64() * fraction)
             .map_or(ceiling, |d| d.min(ceiling))
     }
-
-    /// A wait with a fresh random fraction.
-    pub(crate) fn sample(&self, retry: u32) -> Duration {
-        self.jittered(retry, rand::random::<f64>())
-    }
 }
 
 impl Default for ExponentialBackoff {
@@ -93,7 +88,7 @@ mod tests {
         assert_eq!(b.jittered(2, -1.0), Duration::ZERO);
         assert_eq!(b.jittered(2, f64::NAN), Duration::ZERO);
         for _ in 0..1000 {
-            assert!(b.sample(3) <= b.ceiling(3));
+            assert!(b.jittered(3, rand::random()) <= b.ceiling(3));
         }
     }
 }

@@ -129,6 +129,7 @@ mod budget;
 mod error;
 #[cfg(feature = "client-middleware")]
 mod middleware;
+mod next;
 mod policy;
 mod request;
 mod response;

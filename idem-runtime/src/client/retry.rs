@@ -1,8 +1,9 @@
 //! The attempt loop, shared by the [`Client`](super::Client) and the middleware: send, read the
-//! answer, ask the policy, check the limits, wait, send again with the same key.
+//! answer, ask [`decide_next`] (the policy, then the limits), wait, send again with the same key.
 
 use super::error::{chain, Answer, CauseKind, Failures, StopReason};
-use super::policy::{Attempt, Decision, Outcome, TransportFailure};
+use super::next::{decide_next, Next, Progress};
+use super::policy::{Attempt, Outcome, TransportFailure};
 use super::request::{resolve_key, KeyChoice};
 use super::response::Receipt;
 use super::{Error, Retrier};
@@ -74,10 +75,43 @@ enum Bound {
     Deadline(Instant),
 }
 
+impl Bound {
+    /// The nearer of the attempt timeout, from now, and the deadline.
+    ///
+    /// The attempt is bounded by a tokio timer, not a socket timeout, so that it runs on the same
+    /// clock as everything else. Under a paused test clock that timer fires as soon as the runtime
+    /// idles, which is right only if an idle runtime means "no answer is coming": true when the
+    /// server runs in the same runtime (its bytes are always ready on loopback), false for a server
+    /// elsewhere; hence both bounds can be turned off (`None`).
+    fn nearest(attempt_timeout: Option<Duration>, deadline_at: Option<Instant>) -> Option<Self> {
+        let timeout_at = attempt_timeout.and_then(|t| Some((Instant::now().checked_add(t)?, t)));
+        match (timeout_at, deadline_at) {
+            (Some((at, t)), Some(d)) if at < d => Some(Self::AttemptTimeout(at, t)),
+            (Some((at, t)), None) => Some(Self::AttemptTimeout(at, t)),
+            (_, Some(d)) => Some(Self::Deadline(d)),
+            (None, None) => None,
+        }
+    }
+}
+
 /// How one attempt ended.
 enum Ended {
     Answered(Answered),
     NoAnswer(NoAnswer),
+}
+
+impl Ended {
+    /// What the policy is shown.
+    fn outcome(&self) -> Outcome<'_> {
+        match self {
+            Self::Answered(answered) => Outcome::Answered {
+                status: answered.response.status(),
+                headers: answered.response.headers(),
+                problem_type: answered.problem_type.as_deref(),
+            },
+            Self::NoAnswer(no_answer) => Outcome::NoAnswer(no_answer.failure),
+        }
+    }
 }
 
 /// An answer whose body was read whole inside the attempt, when it fit.
@@ -145,8 +179,9 @@ impl From<reqwest_middleware::Error> for NoAnswer {
     }
 }
 
-/// The attempt loop. Every wait is a `tokio::time` sleep and every instant a `tokio::time::Instant`,
-/// so the loop runs on tokio's clock (see the module docs on paused-clock tests).
+/// The attempt loop: it sends, records and sleeps; [`decide_next`] decides. Every wait is a
+/// `tokio::time` sleep and every instant a `tokio::time::Instant`, so the loop runs on tokio's
+/// clock (see the module docs on paused-clock tests).
 async fn run(
     retrier: &Retrier,
     transport: &mut impl Transport,
@@ -156,15 +191,8 @@ async fn run(
     let config = &retrier.config;
     let method = request.method().clone();
     let has_key = failures.key().is_some();
-    let started = Instant::now();
-    // Checked additions throughout: a limit of `Duration::MAX` (or a huge `Retry-After` under a
-    // huge cap) means "never", not a panic.
-    let deadline_at = config.deadline.and_then(|d| started.checked_add(d));
-    let max_attempts = config.max_attempts.max(1);
-    let at_deadline = |retry_after| StopReason::Deadline {
-        deadline: config.deadline.unwrap_or_default(),
-        retry_after,
-    };
+    // Checked: a deadline of `Duration::MAX` means "never", not a panic.
+    let deadline_at = config.deadline.and_then(|d| Instant::now().checked_add(d));
     let mut last_retry_cost = None;
 
     let mut this = request;
@@ -172,137 +200,114 @@ async fn run(
     loop {
         number += 1;
         // Cloned before sending, since reqwest consumes the request; `None` for a streaming body.
-        let next = if number < max_attempts {
+        let again = if number < config.max_attempts.max(1) {
             this.try_clone()
         } else {
             None
         };
-        // The attempt is bounded by a tokio timer, not a socket timeout, so that it runs on the
-        // same clock as everything else. Under a paused test clock that timer fires as soon as the
-        // runtime idles, which is right only if an idle runtime means "no answer is coming": true
-        // when the server runs in the same runtime (its bytes are always ready on loopback), false
-        // for a server elsewhere; hence both bounds can be turned off (`None`).
-        let now = Instant::now();
-        let timeout_at = config
-            .attempt_timeout
-            .and_then(|t| Some((now.checked_add(t)?, t)));
-        let bound = match (timeout_at, deadline_at) {
-            (Some((at, t)), Some(d)) if at < d => Some(Bound::AttemptTimeout(at, t)),
-            (Some((at, t)), None) => Some(Bound::AttemptTimeout(at, t)),
-            (_, Some(d)) => Some(Bound::Deadline(d)),
-            (None, None) => None,
-        };
-        // One span per attempt, as OpenTelemetry's HTTP client conventions ask, with the resend
-        // count on resends; recorded on the caller's span too, if it declares the field.
-        let span = tracing::info_span!(
-            target: "idem::client",
-            "attempt",
-            http.request.method = %method,
-            http.request.resend_count = tracing::field::Empty,
-            http.response.status_code = tracing::field::Empty,
-        );
-        if number > 1 {
-            span.record("http.request.resend_count", number - 1);
-            tracing::Span::current().record("http.request.resend_count", number - 1);
-        }
+        let bound = Bound::nearest(config.attempt_timeout, deadline_at);
+        let span = attempt_span(&method, number);
         let ended = attempt(transport, this, bound, config.max_buffered_body)
             .instrument(span.clone())
             .await;
-        let outcome = match &ended {
-            Ended::Answered(answered) => {
-                let status = answered.response.status();
-                span.record("http.response.status_code", status.as_u16());
-                Outcome::Answered {
-                    status,
-                    headers: answered.response.headers(),
-                    problem_type: answered.problem_type.as_deref(),
-                }
-            }
-            Ended::NoAnswer(no_answer) => Outcome::NoAnswer(no_answer.failure),
-        };
-        let timed_out = matches!(outcome, Outcome::NoAnswer(TransportFailure::Timeout));
-        let decision = retrier
-            .policy
-            .decide(&Attempt::new(&method, number, has_key, outcome));
-        let not_before = match (ended, decision) {
-            (Ended::Answered(answered), Decision::Stop { .. }) => {
-                let mut response = answered.response;
-                if response.status().is_success() {
-                    retrier.budget.on_success(last_retry_cost);
-                }
-                response.extensions_mut().insert(Receipt {
-                    key: failures.key().cloned(),
-                    attempts: number,
-                    problem_type: answered.problem_type,
-                });
-                return Ok(response);
-            }
-            (Ended::Answered(answered), Decision::Retry { not_before }) => {
-                failures.answered(answered.into_answer());
-                not_before
-            }
-            (Ended::NoAnswer(no_answer), decision) => {
-                failures.transport(
-                    CauseKind::Transport(no_answer.failure),
-                    no_answer.message,
-                    no_answer.source,
-                );
-                if no_answer.at_deadline {
-                    return Err(failures.into_error(number, at_deadline(None)));
-                }
-                match decision {
-                    Decision::Stop { reason } => {
-                        return Err(
-                            failures.into_error(number, StopReason::NotRetryable { reason })
-                        );
-                    }
-                    Decision::Retry { not_before } => not_before,
-                }
-            }
-        };
+        let outcome = ended.outcome();
+        if let Outcome::Answered { status, .. } = outcome {
+            span.record("http.response.status_code", status.as_u16());
+        }
+        let next = decide_next(
+            retrier,
+            &Progress {
+                attempt: Attempt::new(&method, number, has_key, outcome),
+                cut_at_deadline: matches!(&ended, Ended::NoAnswer(n) if n.at_deadline),
+                replayable: again.is_some(),
+                deadline_at,
+                now: Instant::now(),
+                jitter: rand::random(),
+            },
+        );
 
-        // The policy says another attempt may succeed; can this request afford one?
-        if number >= max_attempts {
-            return Err(failures.into_error(number, StopReason::AttemptsExhausted { max_attempts }));
+        match ended {
+            Ended::Answered(answered) if matches!(next, Next::Final { .. }) => {
+                return Ok(deliver(
+                    retrier,
+                    answered,
+                    &failures,
+                    number,
+                    last_retry_cost,
+                ));
+            }
+            Ended::Answered(answered) => failures.answered(answered.into_answer()),
+            Ended::NoAnswer(no_answer) => failures.transport(
+                CauseKind::Transport(no_answer.failure),
+                no_answer.message,
+                no_answer.source,
+            ),
         }
-        let Some(next) = next else {
-            return Err(failures.into_error(number, StopReason::BodyNotReplayable));
+        let (wait, again) = match (next, again) {
+            (Next::Retry { wait, cost }, Some(again)) => {
+                last_retry_cost = Some(cost);
+                (wait, again)
+            }
+            (Next::Final { reason }, _) => {
+                let stop = StopReason::NotRetryable { reason };
+                return Err(failures.into_error(number, stop));
+            }
+            (Next::Stop(stop), _) => return Err(failures.into_error(number, stop)),
+            // `decide_next` retries only a replayable request; this arm only spares an `expect`.
+            (Next::Retry { .. }, None) => {
+                return Err(failures.into_error(number, StopReason::BodyNotReplayable));
+            }
         };
-        if let Some(requested) = not_before.filter(|w| *w > config.max_retry_after) {
-            let cap = config.max_retry_after;
-            return Err(
-                failures.into_error(number, StopReason::RetryAfterTooLong { requested, cap })
-            );
-        }
-        let delay = config
-            .backoff
-            .sample(number)
-            .max(not_before.unwrap_or_default());
-        // A wait that ends at or past the deadline would only lead to an attempt cut off at once.
-        let now = Instant::now();
-        let past = |wait: Duration| {
-            deadline_at.is_some_and(|d| now.checked_add(wait).is_none_or(|t| t >= d))
-        };
-        if past(delay) {
-            let asked = not_before.filter(|w| past(*w));
-            return Err(failures.into_error(number, at_deadline(asked)));
-        }
-        match retrier.budget.try_withdraw(timed_out) {
-            Some(cost) => last_retry_cost = Some(cost),
-            None => return Err(failures.into_error(number, StopReason::BudgetExhausted)),
-        }
         tracing::debug!(
             target: "idem::client",
             method = %method,
             key = failures.key().map(|k| k.as_str()).unwrap_or("none"),
             attempt = number,
             cause = failures.last_cause().unwrap_or(""),
-            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            delay_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
             "retrying",
         );
-        tokio::time::sleep(delay).await;
-        this = next;
+        tokio::time::sleep(wait).await;
+        this = again;
     }
+}
+
+/// One span per attempt, as OpenTelemetry's HTTP client conventions ask, with the resend count on
+/// resends; recorded on the caller's span too, if it declares the field.
+fn attempt_span(method: &http::Method, number: u32) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: "idem::client",
+        "attempt",
+        http.request.method = %method,
+        http.request.resend_count = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    if number > 1 {
+        span.record("http.request.resend_count", number - 1);
+        tracing::Span::current().record("http.request.resend_count", number - 1);
+    }
+    span
+}
+
+/// The answer the policy called final, as the caller receives it: marked with its receipt, and
+/// a success earns the retry budget back.
+fn deliver(
+    retrier: &Retrier,
+    answered: Answered,
+    failures: &Failures,
+    attempts: u32,
+    last_retry_cost: Option<u32>,
+) -> reqwest::Response {
+    let mut response = answered.response;
+    if response.status().is_success() {
+        retrier.budget.on_success(last_retry_cost);
+    }
+    response.extensions_mut().insert(Receipt {
+        key: failures.key().cloned(),
+        attempts,
+        problem_type: answered.problem_type,
+    });
+    response
 }
 
 /// Sends one attempt and reads its answer, bounded by the attempt timeout or the deadline.
