@@ -38,3 +38,22 @@ fn ui() {
         );
     }
 }
+
+/// The layer (`IdempotencyLayer` without a scope, the case `layer_without_scope`) and the
+/// attribute (`scope_missing`) say the same thing about a missing scope, each in its own terms.
+/// Both messages are compile errors, so their committed snapshots are where they can be compared;
+/// [`ui`] checks the snapshots against the compiler.
+#[test]
+fn a_missing_scope_is_worded_alike_by_the_layer_and_the_attribute() {
+    let opening = "missing `scope`: keys are unique per caller, so name";
+    let closing = "to share keys between all callers";
+    for case in ["scope_missing", "layer_without_scope"] {
+        let path = format!("tests/ui/fail/{case}.stderr");
+        let stderr = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.contains(opening) && first.contains(closing),
+            "{case}: {stderr}"
+        );
+    }
+}
