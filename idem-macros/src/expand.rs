@@ -22,6 +22,7 @@
 //!         .ttl(::idem_runtime::__private::Duration::from_millis(3600000))
 //!         .handler("create")
 //!         .checked();
+//!     const _: () = { /* no `#[utoipa::path]` written above: see `utoipa_order_check` */ };
 //!     use ::idem_runtime::__private::{ReadsTheHead as _, ReadsTheBody as _, Unknown as _};
 //!     (&&::idem_runtime::__private::Param::<State<App>>::new()).check();
 //!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
@@ -38,9 +39,9 @@
 //!
 //! [`expand`] is a row of steps, each a function below that shows its tokens before and after:
 //! [`policy`] builds the policy constant's expression; [`document`] adds it to a
-//! `#[utoipa::path]` below; [`Params::split`] sorts the parameters;
-//! [`gen_signature`] rewrites the signature and [`gen_block`] the body, from [`probes`],
-//! [`scope_id`], [`Last::new`], [`run_call`] and [`body`].
+//! `#[utoipa::path]` below, and [`utoipa_order_check`] refuses one above; [`Params::split`] sorts
+//! the parameters; [`gen_signature`] rewrites the signature and [`gen_block`] the body, from
+//! [`probes`], [`scope_id`], [`Last::new`], [`run_call`] and [`body`].
 //!
 //! With `transaction = "tx"` (a parameter `mut tx: Tx<Postgres>`), that parameter leaves the
 //! extractor list, the engine becomes `WithBody`'s third type argument
@@ -81,7 +82,8 @@
 //!   evaluated once; and `::idem_runtime::__private::openapi::Idem<__idem_create>` goes first into
 //!   the path's `params(...)` (a new one if there is none), spanned at the path attribute: that
 //!   type alias yields the `Idempotency-Key` parameter with the runtime's `utoipa` feature, and an
-//!   error naming the feature there without it.
+//!   error naming the feature there without it. Without one, a `#[utoipa::path]` written above
+//!   `#[idempotent]` is a compile error at `#[idempotent]` ([`utoipa_order_check`]).
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
@@ -118,13 +120,16 @@ pub(crate) fn expand(config: Config) -> TokenStream {
     };
     let global = matches!(scope, ScopeSource::Global);
     let policy = policy(&base, &name, global, &values, &rules);
-    let (companion, policy) = match utoipa_path(&mut attrs) {
-        Some(path) => document(&name, path, policy),
-        None => (TokenStream::new(), policy),
+    let (companion, policy, order_check) = match utoipa_path(&mut attrs) {
+        Some(path) => {
+            let (companion, policy) = document(&name, path, policy);
+            (companion, policy, TokenStream::new())
+        }
+        None => (TokenStream::new(), policy, utoipa_order_check(&name)),
     };
     let params = Params::split(&sig, transaction);
     let limit = body_limit(&base, &values);
-    let block = gen_block(&params, scope, &policy, &sig.output, &block);
+    let block = gen_block(&params, scope, &policy, order_check, &sig.output, &block);
     let sig = gen_signature(sig, &params, &limit);
     quote_spanned! {Span::mixed_site()=>
         #companion
@@ -293,6 +298,46 @@ fn add_key_param(attr: &mut Attribute, param: TokenStream) {
     };
 }
 
+/// Without a `#[utoipa::path]` below `#[idempotent]`: a check that none was written above it.
+/// Above, utoipa runs first, emits its `pub struct __path_<name>;` beside the function and leaves
+/// the function as it was, so `#[idempotent]` never sees it and the document would silently lack
+/// the key header and idem's problem responses.
+///
+/// The check is a closure parameter named `__path_<name>`: where a unit struct of that name is in
+/// scope, the parameter is a pattern of that struct's type (an identifier pattern that names a unit
+/// struct matches it), else a new binding. The trait bound below then holds only for the binding:
+/// its type is left open, so it becomes `NoUtoipaPath` once the `0` falls back to `i32` (the one
+/// impl). With utoipa's struct, the bound fails, with the message that says where to write the
+/// path attribute, at `#[idempotent]`. A `const _` item: nothing runs, and the items it declares
+/// are seen by nothing else. (A path attribute with `impl_for = Type` emits no struct, so that form
+/// written above goes unnoticed.)
+///
+/// Input:  `#[idempotent(...)] async fn create(...)` with no `#[utoipa::path]` among its attributes
+/// Output: `const _: () = { trait UtoipaPathBelow<P> {} struct NoUtoipaPath;
+///         impl UtoipaPathBelow<NoUtoipaPath> for i32 {} fn order<P, I: UtoipaPathBelow<P>>(_: &P, _: I) {}
+///         let _ = |__path_create| order(&__path_create, 0); };`
+fn utoipa_order_check(name: &str) -> TokenStream {
+    let (def, at) = (Span::mixed_site(), Span::call_site());
+    let [below, none, order] = ["UtoipaPathBelow", "NoUtoipaPath", "order"].map(generated);
+    // At the attribute, as written: resolved as the user's own code is, among the module's items.
+    let path = Ident::new(&format!("__path_{name}"), at);
+    let message = format!("`#[utoipa::path]` is written above `#[idempotent]`: utoipa documents `{name}` before idem runs, so the operation would lack the `Idempotency-Key` header and idem's problem responses");
+    let label = "write `#[utoipa::path(...)]` below this attribute";
+    let note = "`#[idempotent]` adds idem's part to a `#[utoipa::path(...)]` written below it; written above, utoipa runs first and emits `{P}` beside the function, which idem cannot change";
+    let elsewhere = "with no `#[utoipa::path]` on this function, a `{P}` from elsewhere is in scope (a glob import?): the check cannot tell it from utoipa's";
+    let order_call = quote_spanned!(at=> #order(&#path, 0));
+    quote_spanned!(def=>
+        const _: () = {
+            #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note, note = #elsewhere)]
+            trait #below<P> {}
+            struct #none;
+            impl #below<#none> for i32 {}
+            fn #order<P, I: #below<P>>(_: &P, _: I) {}
+            let _ = |#path| #order_call;
+        };
+    )
+}
+
 /// The parameters, sorted as the rewrite needs them (`config.rs` rejected receivers).
 struct Params {
     /// Those before the last: extractors of the request head, kept and probed.
@@ -367,12 +412,13 @@ fn gen_signature(mut sig: Signature, params: &Params, limit: &TokenStream) -> Si
 /// runtime with the original body as a closure.
 ///
 /// Input:  POLICY, the parameters, `-> Json<Out>` and `{ BODY }`
-/// Output: `{ const __IDEM_POLICY: Policy = POLICY; PROBES [EXTRACT_NOW]
+/// Output: `{ const __IDEM_POLICY: Policy = POLICY; [ORDER_CHECK] PROBES [EXTRACT_NOW]
 ///         let __idem_scope: Cow<'static, str> = SCOPE_ID; RUN.await }`
 fn gen_block(
     params: &Params,
     scope: ScopeSource,
     policy: &TokenStream,
+    order_check: TokenStream,
     output: &ReturnType,
     block: &Block,
 ) -> TokenStream {
@@ -385,6 +431,7 @@ fn gen_block(
     let extract_now = &last.extract_now;
     quote_spanned!(def=> {
         const #policy_const: #p::Policy = #policy;
+        #order_check
         #probes
         #extract_now
         let #scope_var: ::std::borrow::Cow<'static, str> = #scope_id;
@@ -800,6 +847,23 @@ mod tests {
             out.contains("# [other :: path (get)]") && !out.contains("Documented"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_utoipa_path_above_is_looked_for_only_when_none_is_below() {
+        let handler =
+            |path: proc_macro2::TokenStream| quote!(#path async fn r#create(body: String) {});
+        let out = expand(quote!(scope = "global"), handler(quote!()));
+        assert!(
+            out.contains("let _ = | __path_create | order (& __path_create , 0) ;"),
+            "{out}"
+        );
+        // Below, utoipa's `__path_create` is emitted after the rewrite, and must not trip it.
+        let out = expand(
+            quote!(scope = "global"),
+            handler(quote!(#[utoipa::path(get, path = "/x")])),
+        );
+        assert!(!out.contains("__path_create"), "{out}");
     }
 
     #[test]
