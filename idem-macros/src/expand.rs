@@ -22,6 +22,7 @@
 //!         .ttl(::idem_runtime::__private::Duration::from_millis(3600000))
 //!         .handler("create")
 //!         .checked();
+//!     const _: () = { /* no `#[utoipa::path]` written above: see `utoipa_order_check` */ };
 //!     use ::idem_runtime::__private::{ReadsTheHead as _, ReadsTheBody as _, Unknown as _};
 //!     (&&::idem_runtime::__private::Param::<State<App>>::new()).check();
 //!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
@@ -35,6 +36,12 @@
 //!     .await
 //! }
 //! ```
+//!
+//! [`expand`] is a row of steps, each a function below that shows its tokens before and after:
+//! [`policy`] builds the policy constant's expression; [`document`] adds it to a
+//! `#[utoipa::path]` below, and [`utoipa_order_check`] refuses one above; [`Params::split`] sorts
+//! the parameters; [`gen_signature`] rewrites the signature and [`gen_block`] the body, from
+//! [`probes`], [`scope_id`], [`Last::new`], [`run_call`] and [`body`].
 //!
 //! With `transaction = "tx"` (a parameter `mut tx: Tx<Postgres>`), that parameter leaves the
 //! extractor list, the engine becomes `WithBody`'s third type argument
@@ -75,7 +82,8 @@
 //!   evaluated once; and `::idem_runtime::__private::openapi::Idem<__idem_create>` goes first into
 //!   the path's `params(...)` (a new one if there is none), spanned at the path attribute: that
 //!   type alias yields the `Idempotency-Key` parameter with the runtime's `utoipa` feature, and an
-//!   error naming the feature there without it.
+//!   error naming the feature there without it. Without one, a `#[utoipa::path]` written above
+//!   `#[idempotent]` is a compile error at `#[idempotent]` ([`utoipa_order_check`]).
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
@@ -86,143 +94,78 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{parse_quote_spanned, Attribute, Meta};
+use syn::{parse_quote_spanned, Attribute, Block, Meta, Signature};
 use syn::{FnArg, Ident, ItemFn, PatType, ReturnType, Type};
 
+/// The handler rewritten, one step per line: each step's tokens before and after are on its fn.
 pub(crate) fn expand(config: Config) -> TokenStream {
-    let def = Span::mixed_site();
-    let p = quote_spanned!(def=> ::idem_runtime::__private);
-    let engine = Ident::new("__idem_engine", def);
-    let request = Ident::new("__idem_request", def);
-    let last_var = Ident::new("__idem_last", def);
-    let scope_var = Ident::new("__idem_scope", def);
-    let policy_const = Ident::new("__IDEM_POLICY", def);
+    let Config {
+        handler,
+        scope,
+        transaction,
+        base,
+        values,
+        rules,
+    } = config;
     let ItemFn {
         mut attrs,
         vis,
-        mut sig,
+        sig,
         block,
-    } = config.handler;
-    let base = match config.base {
-        Some(path) => path.into_token_stream(),
-        None => quote_spanned!(def=> #p::Policy::new()),
-    };
-    let global = matches!(config.scope, ScopeSource::Global);
+    } = handler;
     let name = sig.ident.unraw().to_string();
-    let mut policy = policy(&p, &base, &name, global, &config.values, &config.rules);
-    let documented = attrs
-        .iter_mut()
-        .find(|attr| {
-            attr.path()
-                .segments
-                .iter()
-                .map(|s| s.ident.to_string())
-                .eq(["utoipa", "path"])
-        })
-        .map(|attr| document(&p, &name, attr, &mut policy));
-    let limit = match config.values.iter().find(|(opt, _)| *opt == Opt::MaxBody) {
-        Some((_, Value::Size(bytes))) => quote_spanned!(def=> #bytes),
-        _ => quote_spanned!(def=> { #base.max_request_body }),
+    let base = match base {
+        Some(path) => path.into_token_stream(),
+        None => quote_spanned!(Span::mixed_site()=> ::idem_runtime::__private::Policy::new()),
     };
-
-    // The parameters (`config.rs` rejected receivers): `transaction = "tx"` is no extractor (the
-    // runtime hands it to the body); the last one is wrapped so the body is buffered and
-    // fingerprinted, or the unit extractor if there is none.
-    let typed = |arg: &FnArg| match arg {
-        FnArg::Typed(pt) => Some(pt.clone()),
-        FnArg::Receiver(_) => None,
-    };
-    let mut inputs: Vec<PatType> = sig.inputs.iter().filter_map(typed).collect();
-    let tx = config.transaction.map(|index| inputs.remove(index));
-    let last = inputs.pop();
-    let attrs_last: Vec<&Attribute> = last.iter().flat_map(|pt| &pt.attrs).collect();
-    let (pat, ty) = match &last {
-        Some(pt) => (pt.pat.to_token_stream(), pt.ty.to_token_stream()),
-        None => (quote_spanned!(def=> ()), quote_spanned!(def=> ())),
-    };
-    let wrapper = match &tx {
-        None => quote_spanned!(def=> #p::WithBody<#ty, #limit>),
-        // Spanned at the transaction parameter's type, as a whole: a type which is no idem
-        // transaction type (`TxState<T>` requires `T: TxHandle`) is reported there, with
-        // `TxHandle`'s message, not at the attribute.
-        Some(PatType { ty: tx, .. }) => quote_spanned!(tx.span()=>
-            ::idem_runtime::__private::WithBody<#ty, #limit, ::idem_runtime::__private::TxState<#tx>>
-        ),
-    };
-    let probes = probes(&p, &inputs);
-    // The last parameter is extracted once the key is claimed, inside the runtime, which hands it
-    // to the closure below; unless it is the scope parameter, whose value the key needs first.
-    let scope_is_last = match (&config.scope, &last) {
-        (ScopeSource::Param(ident, _), Some(pt)) => {
-            matches!(&*pt.pat, syn::Pat::Ident(pi) if pi.ident.unraw() == ident.unraw())
+    let global = matches!(scope, ScopeSource::Global);
+    let policy = policy(&base, &name, global, &values, &rules);
+    let (companion, policy, order_check) = match utoipa_path(&mut attrs) {
+        Some(path) => {
+            let (companion, policy) = document(&name, path, policy);
+            (companion, policy, TokenStream::new())
         }
-        _ => false,
+        None => (TokenStream::new(), policy, utoipa_order_check(&name)),
     };
-    let scope_id = match config.scope {
-        ScopeSource::Global => quote_spanned!(def=> ::std::borrow::Cow::Borrowed(#p::GLOBAL_SCOPE)),
-        ScopeSource::Param(mut ident, ty_span) => {
-            ident.set_span(ty_span.resolved_at(ident.span()));
-            let call = quote_spanned!(ty_span=> ::idem_runtime::__private::scope_id(&#ident));
-            quote_spanned!(def=> ::std::borrow::Cow::Owned(#call.into_owned()))
-        }
-    };
-    let body = body(&sig.output, &block);
-    let (extract_now, last_arg, last_param) = match scope_is_last {
-        true => (
-            quote_spanned!(def=>
-                #(#attrs_last)*
-                let #pat: #ty = match #p::Deferred::now(#last_var).await {
-                    ::core::result::Result::Ok(value) => value,
-                    ::core::result::Result::Err(rejection) => return rejection,
-                };
-            ),
-            quote_spanned!(def=> #p::Deferred::ready(())),
-            quote_spanned!(def=> (): ()),
-        ),
-        false => (
-            TokenStream::new(),
-            last_var.to_token_stream(),
-            // Its attributes go where its bindings are (an `allow` of unused variables, say).
-            quote_spanned!(def=> #(#attrs_last)* #pat: #ty),
-        ),
-    };
-    let args = quote_spanned!(def=> #engine, &#policy_const, #scope_var, #request, #last_arg);
-    let run = match &tx {
-        None => quote_spanned!(def=> #p::run(#args, move |#last_param| async move #body)),
-        Some(PatType { attrs, pat, ty, .. }) => {
-            let run = quote_spanned!(ty.span()=> ::idem_runtime::__private::run_transactional);
-            quote_spanned!(def=> #run(#args, move |#(#attrs)* #pat: #ty, #last_param| async move #body))
-        }
-    };
-    sig.inputs = parse_quote_spanned!(def=>
-        #(#inputs,)* #(#attrs_last)* #p::WithBody(#last_var, #request, #engine): #wrapper,
-    );
-    sig.output = parse_quote_spanned!(def=> -> #p::Response);
-    quote_spanned! {def=>
-        #documented
+    let params = Params::split(&sig, transaction);
+    let limit = body_limit(&base, &values);
+    let block = gen_block(&params, scope, &policy, order_check, &sig.output, &block);
+    let sig = gen_signature(sig, &params, &limit);
+    quote_spanned! {Span::mixed_site()=>
+        #companion
         #(#attrs)*
-        #vis #sig {
-            const #policy_const: #p::Policy = #policy;
-            #probes
-            #extract_now
-            let #scope_var: ::std::borrow::Cow<'static, str> = #scope_id;
-            #run.await
-        }
+        #vis #sig #block
     }
+}
+
+/// The runtime's hidden module, the only path generated code names besides `::core` and `::std`.
+fn private() -> TokenStream {
+    quote_spanned!(Span::mixed_site()=> ::idem_runtime::__private)
+}
+
+/// A generated local or item, hygienic where the language allows (`__idem_`-prefixed anyway).
+fn generated(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
 }
 
 /// The policy constant's expression: the base, a builder call for each option written (in
 /// [`Opt::ALL`]'s order: `ttl`, which raises `retain`, before an explicit `retain`), the handler
 /// name, the rules, and the compile-time check, spanned at a named policy if there is one.
+///
+/// Input:  `scope = "user", ttl = "1h"` on `create`
+/// Output: `Policy::new().ttl(Duration::from_millis(3600000u64)).handler("create").checked()`
+///
+/// With a rule on a value left to the policy (`retain = "1h"`, the default `ttl` unknown here):
+/// `{ let __idem_policy = CHAIN; match __idem_policy.validate() { Err(..) => panic!(..), _ =>
+/// __idem_policy.checked() } }`.
 fn policy(
-    p: &TokenStream,
     base: &TokenStream,
     name: &str,
     global: bool,
     values: &[(Opt, Value)],
     rules: &[Rule],
 ) -> TokenStream {
-    let def = Span::mixed_site();
+    let (def, p) = (Span::mixed_site(), private());
     let mut chain = base.clone();
     for (opt, value) in values {
         let method = match opt {
@@ -255,7 +198,7 @@ fn policy(
     if rules.is_empty() {
         return quote_spanned!(def=> #chain #checked);
     }
-    let policy = Ident::new("__idem_policy", def);
+    let policy = generated("__idem_policy");
     let arms = rules.iter().map(|Rule(broken, at, message)| {
         let panic = quote_spanned!(*at=> ::core::panic!("{}", #message));
         match broken {
@@ -278,53 +221,233 @@ fn policy(
     })
 }
 
-/// For `#[utoipa::path(...)]`: the hidden type whose `Documented` impl holds the policy (which
-/// the handler's constant then names), added to the path's `params(...)`, spanned at the path
-/// attribute: the runtime reports a missing `utoipa` feature there.
-fn document(
-    p: &TokenStream,
-    name: &str,
-    attr: &mut Attribute,
-    policy: &mut TokenStream,
-) -> TokenStream {
+/// The body limit, `WithBody`'s second type argument.
+///
+/// Input:  `max_body = "2KiB"`, or nothing (with `policy = PAYMENTS`)
+/// Output: `2048usize`, or `{ ::idem_runtime::__private::Policy::new().max_request_body }`
+/// (`{ PAYMENTS.max_request_body }`)
+fn body_limit(base: &TokenStream, values: &[(Opt, Value)]) -> TokenStream {
     let def = Span::mixed_site();
-    let ty = Ident::new(&format!("__idem_{name}"), def);
-    let param = quote_spanned!(attr.path().span()=> ::idem_runtime::__private::openapi::Idem<#ty>);
-    // Into the `params(...)` list, first, or into a new one: utoipa takes its arguments in any order.
-    if let Meta::List(list) = &mut attr.meta {
-        let mut args: Vec<TokenTree> = list.tokens.clone().into_iter().collect();
-        let params = args.windows(2).position(|w| {
-            matches!(w, [TokenTree::Ident(i), TokenTree::Group(g)] if i == "params" && g.delimiter() == Delimiter::Parenthesis)
-        });
-        list.tokens = match params.map(|i| &mut args[i + 1]) {
-            Some(TokenTree::Group(group)) => {
-                let listed = group.stream();
-                let mut with = Group::new(Delimiter::Parenthesis, quote!(#param, #listed));
-                with.set_span(group.span());
-                *group = with;
-                args.into_iter().collect()
-            }
-            _ => {
-                let args = &list.tokens;
-                quote!(params(#param), #args)
-            }
-        };
+    match values.iter().find(|(opt, _)| *opt == Opt::MaxBody) {
+        Some((_, Value::Size(bytes))) => quote_spanned!(def=> #bytes),
+        _ => quote_spanned!(def=> { #base.max_request_body }),
     }
-    let item = quote_spanned!(def=>
+}
+
+/// The `#[utoipa::path(...)]` among the handler's attributes: written below `#[idempotent]`, it is
+/// still there. Another attribute named `path` is not it.
+fn utoipa_path(attrs: &mut [Attribute]) -> Option<&mut Attribute> {
+    attrs.iter_mut().find(|attr| {
+        attr.path()
+            .segments
+            .iter()
+            .map(|s| s.ident.to_string())
+            .eq(["utoipa", "path"])
+    })
+}
+
+/// For `#[utoipa::path(...)]`: the hidden type whose `Documented` impl holds the policy, which the
+/// handler's constant then names, and the key parameter added to the path's `params(...)`,
+/// spanned at the path attribute: the runtime reports a missing `utoipa` feature there.
+///
+/// Input:  `#[utoipa::path(post, path = "/x")]` on `create`, the policy expression POLICY
+/// Output: `#[utoipa::path(params(::idem_runtime::__private::openapi::Idem<__idem_create>), post, path = "/x")]`,
+///         the companion `struct __idem_create; impl Documented for __idem_create { const POLICY: Policy = POLICY; }`,
+///         and the handler's policy `<__idem_create as Documented>::POLICY`
+fn document(name: &str, attr: &mut Attribute, policy: TokenStream) -> (TokenStream, TokenStream) {
+    let (def, p) = (Span::mixed_site(), private());
+    let ty = generated(&format!("__idem_{name}"));
+    let param = quote_spanned!(attr.path().span()=> ::idem_runtime::__private::openapi::Idem<#ty>);
+    add_key_param(attr, param);
+    let companion = quote_spanned!(def=>
         #[allow(non_camel_case_types, dead_code)]
         struct #ty;
         impl #p::openapi::Documented for #ty {
             const POLICY: #p::Policy = #policy;
         }
     );
-    *policy = quote_spanned!(def=> <#ty as #p::openapi::Documented>::POLICY);
-    item
+    let policy = quote_spanned!(def=> <#ty as #p::openapi::Documented>::POLICY);
+    (companion, policy)
+}
+
+/// The key parameter goes first into the path's `params(...)`, or into a new one: utoipa takes
+/// its arguments in any order.
+///
+/// Input:  `#[utoipa::path(post, params(("id" = u64, Path)))]`, or `#[utoipa::path(get)]`
+/// Output: `#[utoipa::path(post, params(PARAM, ("id" = u64, Path)))]`, or `#[utoipa::path(params(PARAM), get)]`
+fn add_key_param(attr: &mut Attribute, param: TokenStream) {
+    let Meta::List(list) = &mut attr.meta else {
+        return;
+    };
+    let mut args: Vec<TokenTree> = list.tokens.clone().into_iter().collect();
+    let params = args.windows(2).position(|w| {
+        matches!(w, [TokenTree::Ident(i), TokenTree::Group(g)] if i == "params" && g.delimiter() == Delimiter::Parenthesis)
+    });
+    list.tokens = match params.map(|i| &mut args[i + 1]) {
+        Some(TokenTree::Group(group)) => {
+            let listed = group.stream();
+            let mut with = Group::new(Delimiter::Parenthesis, quote!(#param, #listed));
+            with.set_span(group.span());
+            *group = with;
+            args.into_iter().collect()
+        }
+        _ => {
+            let args = &list.tokens;
+            quote!(params(#param), #args)
+        }
+    };
+}
+
+/// Without a `#[utoipa::path]` below `#[idempotent]`: a check that none was written above it.
+/// Above, utoipa runs first, emits its `pub struct __path_<name>;` beside the function and leaves
+/// the function as it was, so `#[idempotent]` never sees it and the document would silently lack
+/// the key header and idem's problem responses.
+///
+/// The check is a closure parameter named `__path_<name>`: where a unit struct of that name is in
+/// scope, the parameter is a pattern of that struct's type (an identifier pattern that names a unit
+/// struct matches it), else a new binding. The trait bound below then holds only for the binding:
+/// its type is left open, so it becomes `NoUtoipaPath` once the `0` falls back to `i32` (the one
+/// impl). With utoipa's struct, the bound fails, with the message that says where to write the
+/// path attribute, at `#[idempotent]`. A `const _` item: nothing runs, and the items it declares
+/// are seen by nothing else. (A path attribute with `impl_for = Type` emits no struct, so that form
+/// written above goes unnoticed.)
+///
+/// Input:  `#[idempotent(...)] async fn create(...)` with no `#[utoipa::path]` among its attributes
+/// Output: `const _: () = { trait UtoipaPathBelow<P> {} struct NoUtoipaPath;
+///         impl UtoipaPathBelow<NoUtoipaPath> for i32 {} fn order<P, I: UtoipaPathBelow<P>>(_: &P, _: I) {}
+///         let _ = |__path_create| order(&__path_create, 0); };`
+fn utoipa_order_check(name: &str) -> TokenStream {
+    let (def, at) = (Span::mixed_site(), Span::call_site());
+    let [below, none, order] = ["UtoipaPathBelow", "NoUtoipaPath", "order"].map(generated);
+    // At the attribute, as written: resolved as the user's own code is, among the module's items.
+    let path = Ident::new(&format!("__path_{name}"), at);
+    let message = format!("`#[utoipa::path]` is written above `#[idempotent]`: utoipa documents `{name}` before idem runs, so the operation would lack the `Idempotency-Key` header and idem's problem responses");
+    let label = "write `#[utoipa::path(...)]` below this attribute";
+    let note = "`#[idempotent]` adds idem's part to a `#[utoipa::path(...)]` written below it; written above, utoipa runs first and emits `{P}` beside the function, which idem cannot change";
+    let elsewhere = "with no `#[utoipa::path]` on this function, a `{P}` from elsewhere is in scope (a glob import?): the check cannot tell it from utoipa's";
+    let order_call = quote_spanned!(at=> #order(&#path, 0));
+    quote_spanned!(def=>
+        const _: () = {
+            #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note, note = #elsewhere)]
+            trait #below<P> {}
+            struct #none;
+            impl #below<#none> for i32 {}
+            fn #order<P, I: #below<P>>(_: &P, _: I) {}
+            let _ = |#path| #order_call;
+        };
+    )
+}
+
+/// The parameters, sorted as the rewrite needs them (`config.rs` rejected receivers).
+struct Params {
+    /// Those before the last: extractors of the request head, kept and probed.
+    head: Vec<PatType>,
+    /// The last, which may read the body: wrapped in `WithBody`, extracted once the key is claimed.
+    last: Option<PatType>,
+    /// `transaction = "tx"`'s parameter: no extractor; the runtime hands the body its transaction.
+    tx: Option<PatType>,
+}
+
+impl Params {
+    /// Input:  `(State(app): State<App>, mut tx: Tx<Postgres>, Json(req): Json<New>)`, `transaction = "tx"`
+    /// Output: head `[State(app): State<App>]`, tx `mut tx: Tx<Postgres>`, last `Json(req): Json<New>`
+    fn split(sig: &Signature, transaction: Option<usize>) -> Params {
+        let typed = |arg: &FnArg| match arg {
+            FnArg::Typed(pt) => Some(pt.clone()),
+            FnArg::Receiver(_) => None,
+        };
+        let mut head: Vec<PatType> = sig.inputs.iter().filter_map(typed).collect();
+        let tx = transaction.map(|index| head.remove(index));
+        let last = head.pop();
+        Params { head, last, tx }
+    }
+
+    /// The last parameter's attributes, which go where its bindings are.
+    fn last_attrs(&self) -> impl Iterator<Item = &Attribute> {
+        self.last.iter().flat_map(|pt| &pt.attrs)
+    }
+
+    /// The last parameter's pattern and type: `()` for a handler without parameters.
+    fn last_pat_ty(&self) -> (TokenStream, TokenStream) {
+        let def = Span::mixed_site();
+        match &self.last {
+            Some(pt) => (pt.pat.to_token_stream(), pt.ty.to_token_stream()),
+            None => (quote_spanned!(def=> ()), quote_spanned!(def=> ())),
+        }
+    }
+}
+
+/// The signature: the head parameters as written, then the last one wrapped; the response type.
+///
+/// Input:  `async fn create(State(app): State<App>, user: AuthUser, Json(req): Json<New>) -> Json<Out>`
+/// Output: `async fn create(State(app): State<App>, user: AuthUser,
+///             ::idem_runtime::__private::WithBody(__idem_last, __idem_request, __idem_engine):
+///                 ::idem_runtime::__private::WithBody<Json<New>, LIMIT>) -> ::idem_runtime::__private::Response`
+///
+/// With a transaction parameter `tx: Tx<Postgres>`, it leaves the list and the wrapper's third
+/// type argument is `::idem_runtime::__private::TxState<Tx<Postgres>>`.
+fn gen_signature(mut sig: Signature, params: &Params, limit: &TokenStream) -> Signature {
+    let (def, p) = (Span::mixed_site(), private());
+    let [engine, request, last] = ["__idem_engine", "__idem_request", "__idem_last"].map(generated);
+    let (_, ty) = params.last_pat_ty();
+    let wrapper = match &params.tx {
+        None => quote_spanned!(def=> #p::WithBody<#ty, #limit>),
+        // Spanned at the transaction parameter's type, as a whole: a type which is no idem
+        // transaction type (`TxState<T>` requires `T: TxHandle`) is reported there, with
+        // `TxHandle`'s message, not at the attribute.
+        Some(PatType { ty: tx, .. }) => quote_spanned!(tx.span()=>
+            ::idem_runtime::__private::WithBody<#ty, #limit, ::idem_runtime::__private::TxState<#tx>>
+        ),
+    };
+    let head = &params.head;
+    let attrs_last = params.last_attrs();
+    sig.inputs = parse_quote_spanned!(def=>
+        #(#head,)* #(#attrs_last)* #p::WithBody(#last, #request, #engine): #wrapper,
+    );
+    sig.output = parse_quote_spanned!(def=> -> #p::Response);
+    sig
+}
+
+/// The handler's new body: the policy constant, the checks, the scope, and the call into the
+/// runtime with the original body as a closure.
+///
+/// Input:  POLICY, the parameters, `-> Json<Out>` and `{ BODY }`
+/// Output: `{ const __IDEM_POLICY: Policy = POLICY; [ORDER_CHECK] PROBES [EXTRACT_NOW]
+///         let __idem_scope: Cow<'static, str> = SCOPE_ID; RUN.await }`
+fn gen_block(
+    params: &Params,
+    scope: ScopeSource,
+    policy: &TokenStream,
+    order_check: TokenStream,
+    output: &ReturnType,
+    block: &Block,
+) -> TokenStream {
+    let (def, p) = (Span::mixed_site(), private());
+    let [policy_const, scope_var] = ["__IDEM_POLICY", "__idem_scope"].map(generated);
+    let probes = probes(&params.head);
+    let last = Last::new(params, &scope);
+    let scope_id = scope_id(scope);
+    let run = run_call(params.tx.as_ref(), &last, body(output, block));
+    let extract_now = &last.extract_now;
+    quote_spanned!(def=> {
+        const #policy_const: #p::Policy = #policy;
+        #order_check
+        #probes
+        #extract_now
+        let #scope_var: ::std::borrow::Cow<'static, str> = #scope_id;
+        #run.await
+    })
 }
 
 /// The probe of each parameter before the last (see `idem_runtime::__private::Param`), at its type.
-fn probes(p: &TokenStream, inputs: &[PatType]) -> TokenStream {
-    let def = Span::mixed_site();
-    let probes = inputs
+///
+/// Input:  `State(app): State<App>, user: AuthUser`
+/// Output: `use ::idem_runtime::__private::{ReadsTheHead as _, ReadsTheBody as _, Unknown as _};
+///         (&&::idem_runtime::__private::Param::<State<App>>::new()).check();
+///         (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();`
+fn probes(head: &[PatType]) -> TokenStream {
+    let (def, p) = (Span::mixed_site(), private());
+    let probes = head
         .iter()
         .map(|PatType { ty, .. }| quote_spanned!(ty.span()=> (&&#p::Param::<#ty>::new()).check();));
     quote_spanned!(def=>
@@ -334,13 +457,117 @@ fn probes(p: &TokenStream, inputs: &[PatType]) -> TokenStream {
     )
 }
 
+/// The scope id, owned.
+///
+/// Input:  `scope = "user"` (a parameter `user: AuthUser`), or `scope = "global"`
+/// Output: `::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned())`,
+///         or `::std::borrow::Cow::Borrowed(::idem_runtime::__private::GLOBAL_SCOPE)`
+fn scope_id(scope: ScopeSource) -> TokenStream {
+    let (def, p) = (Span::mixed_site(), private());
+    match scope {
+        ScopeSource::Global => quote_spanned!(def=> ::std::borrow::Cow::Borrowed(#p::GLOBAL_SCOPE)),
+        ScopeSource::Param(mut ident, ty_span) => {
+            ident.set_span(ty_span.resolved_at(ident.span()));
+            let call = quote_spanned!(ty_span=> ::idem_runtime::__private::scope_id(&#ident));
+            quote_spanned!(def=> ::std::borrow::Cow::Owned(#call.into_owned()))
+        }
+    }
+}
+
+/// Where the last parameter is extracted, in three pieces of the body.
+struct Last {
+    /// A statement before the claim, or nothing.
+    extract_now: TokenStream,
+    /// What the runtime gets to extract once the key is claimed.
+    arg: TokenStream,
+    /// The closure's parameter that receives it.
+    param: TokenStream,
+}
+
+impl Last {
+    /// The last parameter is extracted once the key is claimed, inside the runtime, which hands it
+    /// to the closure; unless it is the scope parameter, whose value the key needs first.
+    ///
+    /// Input:  `Json(req): Json<New>` (not the scope)
+    /// Output: nothing now; the runtime gets `__idem_last`; the closure takes `Json(req): Json<New>`
+    ///
+    /// Input:  `mut user: AuthUser`, the scope parameter
+    /// Output: now `let mut user: AuthUser = match ::idem_runtime::__private::Deferred::now(__idem_last).await
+    ///         { Ok(value) => value, Err(rejection) => return rejection };`; the runtime gets
+    ///         `::idem_runtime::__private::Deferred::ready(())`; the closure takes `(): ()`
+    fn new(params: &Params, scope: &ScopeSource) -> Last {
+        let (def, p) = (Span::mixed_site(), private());
+        let last_var = generated("__idem_last");
+        let scope_is_last = match (scope, &params.last) {
+            (ScopeSource::Param(ident, _), Some(pt)) => {
+                matches!(&*pt.pat, syn::Pat::Ident(pi) if pi.ident.unraw() == ident.unraw())
+            }
+            _ => false,
+        };
+        let attrs = params.last_attrs();
+        let (pat, ty) = params.last_pat_ty();
+        match scope_is_last {
+            true => Last {
+                extract_now: quote_spanned!(def=>
+                    #(#attrs)*
+                    let #pat: #ty = match #p::Deferred::now(#last_var).await {
+                        ::core::result::Result::Ok(value) => value,
+                        ::core::result::Result::Err(rejection) => return rejection,
+                    };
+                ),
+                arg: quote_spanned!(def=> #p::Deferred::ready(())),
+                param: quote_spanned!(def=> (): ()),
+            },
+            false => Last {
+                extract_now: TokenStream::new(),
+                arg: last_var.to_token_stream(),
+                // Its attributes go where its bindings are (an `allow` of unused variables, say).
+                param: quote_spanned!(def=> #(#attrs)* #pat: #ty),
+            },
+        }
+    }
+}
+
+/// The call into the runtime, with the original body as the closure's `async move` block.
+///
+/// Input:  the last parameter's piece `Json(req): Json<New>` and the body `{ BODY }`
+/// Output: `::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope,
+///         __idem_request, __idem_last, move |Json(req): Json<New>| async move { BODY })`
+///
+/// With a transaction parameter `mut tx: Tx<Postgres>`:
+/// `::idem_runtime::__private::run_transactional(..., move |mut tx: Tx<Postgres>, Json(req): Json<New>| async move { BODY })`
+fn run_call(tx: Option<&PatType>, last: &Last, body: TokenStream) -> TokenStream {
+    let (def, p) = (Span::mixed_site(), private());
+    let [engine, request, policy_const, scope_var] = [
+        "__idem_engine",
+        "__idem_request",
+        "__IDEM_POLICY",
+        "__idem_scope",
+    ]
+    .map(generated);
+    let Last { arg, param, .. } = last;
+    let args = quote_spanned!(def=> #engine, &#policy_const, #scope_var, #request, #arg);
+    match tx {
+        None => quote_spanned!(def=> #p::run(#args, move |#param| async move #body)),
+        Some(PatType { attrs, pat, ty, .. }) => {
+            let run = quote_spanned!(ty.span()=> ::idem_runtime::__private::run_transactional);
+            quote_spanned!(def=> #run(#args, move |#(#attrs)* #pat: #ty, #param| async move #body))
+        }
+    }
+}
+
 /// The original body as a block whose value has the declared return type, so `?` and `.into()`
 /// infer as before. An `impl Trait` cannot be written in a `let`: there it becomes `_`, and the
 /// value goes through a local fn declared with the original type, which keeps the bound checked
 /// (and the user's `use ...::IntoResponse` used).
-fn body(output: &ReturnType, block: &syn::Block) -> TokenStream {
+///
+/// Input:  `-> Json<Out>` and `{ BODY }`
+/// Output: `{ let __idem_ret: Json<Out> = { BODY }; __idem_ret }`; with `-> impl IntoResponse`:
+///         `{ let __idem_ret: _ = { BODY }; { fn __idem_returns(__idem_ret: impl IntoResponse)
+///         -> impl IntoResponse { __idem_ret } __idem_returns(__idem_ret) } }`
+fn body(output: &ReturnType, block: &Block) -> TokenStream {
     let def = Span::mixed_site();
-    let [ret, returns] = ["__idem_ret", "__idem_returns"].map(|n| Ident::new(n, def));
+    let [ret, returns] = ["__idem_ret", "__idem_returns"].map(generated);
     let written: Type = match output {
         ReturnType::Default => parse_quote_spanned!(def=> ()),
         ReturnType::Type(_, ty) => (**ty).clone(),
@@ -383,7 +610,7 @@ impl VisitMut for ImplToInfer {
 
 #[cfg(test)]
 mod tests {
-    use quote::quote;
+    use quote::{quote, ToTokens};
 
     fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
         match crate::config::build(args, item) {
@@ -392,8 +619,50 @@ mod tests {
         }
     }
 
+    /// The handler's signature is what the compiler prints when a router refuses the handler: it
+    /// must list the user's parameters as written and the last one's own type, with the engine
+    /// only as `WithBody`'s default type argument (not printed), so the message reads as the user's
+    /// handler and not as idem's internals.
     #[test]
-    fn the_last_parameter_is_wrapped_and_the_others_probed() {
+    fn the_signature_shows_the_users_parameters_and_no_engine() {
+        let head = [quote!(State(app): State<App>), quote!(user: AuthUser)];
+        let item = quote!(
+            async fn create(#(#head,)* Json(req): Json<New>) -> Json<Out> {
+                todo!()
+            }
+        );
+        let out = super::expand(crate::config::build(quote!(scope = "user"), item).unwrap());
+        let syn::ItemFn { sig, .. } = syn::parse2(out).unwrap();
+        let inputs: Vec<&syn::FnArg> = sig.inputs.iter().collect();
+        assert_eq!(inputs.len(), 3, "{}", sig.to_token_stream());
+        for (written, arg) in head.iter().zip(&inputs) {
+            assert_eq!(arg.to_token_stream().to_string(), written.to_string());
+        }
+        let syn::FnArg::Typed(last) = inputs[2] else {
+            panic!("a receiver")
+        };
+        let syn::Type::Path(wrapper) = &*last.ty else {
+            panic!("{}", last.ty.to_token_stream())
+        };
+        let wrapper = wrapper.path.segments.last().unwrap();
+        assert_eq!(wrapper.ident, "WithBody");
+        let syn::PathArguments::AngleBracketed(args) = &wrapper.arguments else {
+            panic!("no type arguments")
+        };
+        // The body's extractor and the size limit; the engine is the default third argument.
+        assert_eq!(args.args.len(), 2, "{}", args.to_token_stream());
+        assert_eq!(args.args[0].to_token_stream().to_string(), "Json < New >");
+        let syn::ReturnType::Type(_, response) = &sig.output else {
+            panic!("no return type")
+        };
+        assert_eq!(
+            response.to_token_stream().to_string(),
+            ":: idem_runtime :: __private :: Response"
+        );
+    }
+
+    #[test]
+    fn the_last_parameter_is_extracted_later_and_the_others_probed() {
         let out = expand(
             quote!(scope = "user", ttl = "1h", server_errors = "store"),
             quote!(
@@ -406,9 +675,6 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains(
-            "async fn create (State (app) : State < App > , user : AuthUser , :: idem_runtime :: __private :: WithBody (__idem_last , __idem_request , __idem_engine) : :: idem_runtime :: __private :: WithBody < Json < New > , { :: idem_runtime :: __private :: Policy :: new () . max_request_body } > ,) -> :: idem_runtime :: __private :: Response"
-        ), "{out}");
         assert!(
             out.contains(
                 "__idem_request , __idem_last , move | Json (req) : Json < New > | async move {"
@@ -581,6 +847,23 @@ mod tests {
             out.contains("# [other :: path (get)]") && !out.contains("Documented"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_utoipa_path_above_is_looked_for_only_when_none_is_below() {
+        let handler =
+            |path: proc_macro2::TokenStream| quote!(#path async fn r#create(body: String) {});
+        let out = expand(quote!(scope = "global"), handler(quote!()));
+        assert!(
+            out.contains("let _ = | __path_create | order (& __path_create , 0) ;"),
+            "{out}"
+        );
+        // Below, utoipa's `__path_create` is emitted after the rewrite, and must not trip it.
+        let out = expand(
+            quote!(scope = "global"),
+            handler(quote!(#[utoipa::path(get, path = "/x")])),
+        );
+        assert!(!out.contains("__path_create"), "{out}");
     }
 
     #[test]

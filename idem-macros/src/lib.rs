@@ -287,8 +287,10 @@ use proc_macro::TokenStream;
 /// header added to its `params(...)`, described from the handler's final policy (required or not,
 /// syntax, `ttl` and `retain`). `idem_runtime::openapi::Idempotency`, added once to the API's
 /// modifiers, adds the `Idempotency-Replayed` and `Idempotency-Expires` response headers and idem's
-/// problem responses. This needs idem-runtime's `utoipa` feature; without it, the path attribute is
-/// a compile error. Declare the request body (`request_body = ...`) and a path parameter that is the
+/// problem responses. Written *above*, utoipa would run first and document the handler without
+/// any of this, so that order is a compile error that says to move the path attribute below. This
+/// needs idem-runtime's `utoipa` feature; without it, the path attribute is a compile error.
+/// Declare the request body (`request_body = ...`) and a path parameter that is the
 /// handler's last parameter (`params(("id" = String, Path))`) in the attribute: utoipa sees the
 /// rewritten handler, whose last parameter is wrapped. See the `idem_runtime::openapi` module.
 ///

@@ -1,7 +1,8 @@
 //! OpenAPI documents that know each handler's idempotency policy, through [utoipa] 5.
 //!
 //! Write `#[utoipa::path(...)]` below `#[idempotent]` (above it, utoipa would run first and idem
-//! could not add anything), and add [`Idempotency`] to the API's modifiers once:
+//! could not add anything, so that order is a compile error saying so), and add [`Idempotency`] to
+//! the API's modifiers once, by its bare name (utoipa's `modifiers(...)` takes no path):
 //!
 //! ```
 //! # use idem_runtime::idempotent;
