@@ -23,10 +23,11 @@ use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::metrics::Outcome;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::{
-    Claim, ClaimOutcome, Store, StoreError, StoreErrorKind, Subscription, Waiters,
+    Claim, ClaimOutcome, Claimed, Found, Store, StoreError, StoreErrorKind, Subscription, Waiters,
 };
 use idem_runtime::{
-    Begin, Engine, FencingToken, Fingerprint, Policy, RecordKey, RecordState, StoredResponse,
+    Begin, Engine, FencingToken, Fingerprint, Policy, Record, RecordKey, RecordState,
+    StoredResponse,
 };
 use loom::future::block_on;
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -123,33 +124,48 @@ fn response() -> StoredResponse {
     }
 }
 
-/// A claim of [`key`] at `now` with `token`.
-fn claim(key: &RecordKey, token: i64, now: Timestamp) -> Claim<'_> {
+/// A claim of [`key`] with `token`.
+fn claim(key: &RecordKey, token: i64) -> Claim<'_> {
     Claim {
         key,
         fingerprint: fingerprint(),
         token: FencingToken(token),
-        now,
-        lease_until: now + LEASE,
-        expires_at: now + Duration::from_secs(3600),
-        retain_until: now + Duration::from_secs(7200),
+        lease: LEASE,
+        ttl: Duration::from_secs(3600),
+        retain: Duration::from_secs(7200),
     }
 }
 
-/// A store holding [`key`] in flight under token 1.
-fn store_in_flight() -> Arc<MemoryStore> {
-    let store = Arc::new(MemoryStore::new());
+/// An empty store judging time by a clock standing at [`NOW`] (a std atomic, set only before a
+/// model's threads start), and the clock.
+fn store_at_now() -> (Arc<MemoryStore>, ManualClock) {
+    let clock = ManualClock::new(NOW);
+    (Arc::new(MemoryStore::new().with_clock(clock.clone())), clock)
+}
+
+/// A store holding [`key`] in flight under token 1, and its clock.
+fn store_in_flight() -> (Arc<MemoryStore>, ManualClock) {
+    let (store, clock) = store_at_now();
     let k = key();
-    let claimed = block_on(store.claim(&claim(&k, 1, NOW)));
-    assert_eq!(
-        claimed.ok(),
-        Some(ClaimOutcome::Claimed { taken_over: false })
-    );
-    store
+    let claimed = block_on(store.claim(&claim(&k, 1)));
+    assert!(matches!(
+        claimed,
+        Ok(ClaimOutcome::Claimed(Claimed {
+            taken_over: false,
+            ..
+        }))
+    ));
+    (store, clock)
+}
+
+/// The record of [`key`], if any.
+fn record(store: &MemoryStore) -> Option<Record> {
+    let found = block_on(store.get(&key())).expect("the memory store does not fail");
+    found.map(|found| found.record)
 }
 
 fn is_completed(store: &MemoryStore) -> bool {
-    match block_on(store.get(&key(), NOW)) {
+    match block_on(store.get(&key())).map(|found| found.map(|found| found.record)) {
         Ok(Some(record)) => matches!(record.state, RecordState::Completed { .. }),
         Ok(None) => false,
         Err(e) => panic!("the memory store failed: {e}"),
@@ -185,7 +201,7 @@ fn a_subscriber_that_rechecks_never_misses_a_completion() {
         "subscribe-recheck vs complete",
         &["seen on re-check", "woken"],
         |tally| {
-            let store = store_in_flight();
+            let (store, _clock) = store_in_flight();
             let completer = {
                 let store = store.clone();
                 thread::spawn(move || {
@@ -452,18 +468,18 @@ fn three_claims_of_one_key_one_wins() {
         "claim x3",
         &["token 1 won", "token 2 won", "token 3 won"],
         |tally| {
-            let store = Arc::new(MemoryStore::new());
+            let (store, _clock) = store_at_now();
             let claimants: Vec<_> = (1..=3)
                 .map(|token| {
                     let store = store.clone();
                     thread::spawn(move || {
                         let k = key();
-                        match block_on(store.claim(&claim(&k, token, NOW))) {
-                            Ok(ClaimOutcome::Claimed { taken_over }) => {
-                                assert!(!taken_over, "nothing to take over");
+                        match block_on(store.claim(&claim(&k, token))) {
+                            Ok(ClaimOutcome::Claimed(won)) => {
+                                assert!(!won.taken_over, "nothing to take over");
                                 Some(token)
                             }
-                            Ok(ClaimOutcome::Existing(record)) => {
+                            Ok(ClaimOutcome::Existing(Found { record, .. })) => {
                                 assert_eq!(
                                     record.state,
                                     RecordState::InFlight {
@@ -483,9 +499,7 @@ fn three_claims_of_one_key_one_wins() {
                 .collect();
             assert_eq!(winners.len(), 1, "exactly one claim wins, got {winners:?}");
             tally.saw(["token 1 won", "token 2 won", "token 3 won"][(winners[0] - 1) as usize]);
-            let record = block_on(store.get(&key(), NOW))
-                .expect("the memory store does not fail")
-                .expect("the winner's record is there");
+            let record = record(&store).expect("the winner's record is there");
             assert_eq!(
                 record.token,
                 FencingToken(winners[0]),
@@ -508,7 +522,7 @@ fn complete_release_and_claim_keep_the_record_consistent() {
             "released, claim missed it",
         ],
         |tally| {
-            let store = store_in_flight();
+            let (store, _clock) = store_in_flight();
             let completer = {
                 let store = store.clone();
                 thread::spawn(move || {
@@ -520,9 +534,9 @@ fn complete_release_and_claim_keep_the_record_consistent() {
                 thread::spawn(move || block_on(store.release(&key(), FencingToken(1))))
             };
             let k = key();
-            let claimed = match block_on(store.claim(&claim(&k, 2, NOW))) {
-                Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    assert!(!taken_over, "a live lease is never taken over");
+            let claimed = match block_on(store.claim(&claim(&k, 2))) {
+                Ok(ClaimOutcome::Claimed(won)) => {
+                    assert!(!won.taken_over, "a live lease is never taken over");
                     true
                 }
                 Ok(ClaimOutcome::Existing(_)) => false,
@@ -531,7 +545,7 @@ fn complete_release_and_claim_keep_the_record_consistent() {
             let completed = completer.join().expect("the completer does not panic");
             let released = releaser.join().expect("the releaser does not panic");
             let fenced = |result: &Result<(), StoreError>| matches!(result, Err(e) if e.kind() == StoreErrorKind::Fenced);
-            let record = block_on(store.get(&key(), NOW)).expect("the memory store does not fail");
+            let record = record(&store);
             match (completed.is_ok(), released.is_ok()) {
                 (true, false) => {
                     assert!(
@@ -563,12 +577,16 @@ fn complete_release_and_claim_keep_the_record_consistent() {
                         assert!(matches!(record.state, RecordState::InFlight { .. }));
                         tally.saw("released, then claimed");
                     } else {
-                        assert_eq!(record, None, "released means gone");
-                        let again = block_on(store.claim(&claim(&k, 3, NOW)));
-                        assert_eq!(
-                            again.ok(),
-                            Some(ClaimOutcome::Claimed { taken_over: false })
-                        );
+                        let record = record.expect("a released record stays for its request");
+                        assert_eq!(record.state, RecordState::Released);
+                        let again = block_on(store.claim(&claim(&k, 3)));
+                        assert!(matches!(
+                            again,
+                            Ok(ClaimOutcome::Claimed(Claimed {
+                                taken_over: false,
+                                ..
+                            }))
+                        ));
                         tally.saw("released, claim missed it");
                     }
                 }
@@ -587,7 +605,8 @@ fn a_takeover_and_a_late_completion_exactly_one_wins() {
         "takeover vs late complete",
         &["took over", "completion first"],
         |tally| {
-            let store = store_in_flight();
+            let (store, clock) = store_in_flight();
+            clock.set(NOW + LEASE);
             let late = {
                 let store = store.clone();
                 thread::spawn(move || {
@@ -595,13 +614,12 @@ fn a_takeover_and_a_late_completion_exactly_one_wins() {
                 })
             };
             let k = key();
-            let after_lease = NOW + LEASE;
-            let took_over = match block_on(store.claim(&claim(&k, 2, after_lease))) {
-                Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    assert!(taken_over, "the only way in is a takeover");
+            let took_over = match block_on(store.claim(&claim(&k, 2))) {
+                Ok(ClaimOutcome::Claimed(won)) => {
+                    assert!(won.taken_over, "the only way in is a takeover");
                     true
                 }
-                Ok(ClaimOutcome::Existing(record)) => {
+                Ok(ClaimOutcome::Existing(Found { record, .. })) => {
                     assert!(matches!(record.state, RecordState::Completed { .. }));
                     false
                 }
@@ -613,9 +631,7 @@ fn a_takeover_and_a_late_completion_exactly_one_wins() {
                 !took_over,
                 "exactly one of takeover and completion wins"
             );
-            let record = block_on(store.get(&key(), after_lease))
-                .expect("the memory store does not fail")
-                .expect("the record stays");
+            let record = record(&store).expect("the record stays");
             let winner = if took_over { 2 } else { 1 };
             assert_eq!(record.token, FencingToken(winner));
             tally.saw(if took_over {
@@ -637,21 +653,20 @@ fn a_renewal_and_a_takeover_exactly_one_wins() {
         "renewal vs takeover",
         &["renewed first", "took over"],
         |tally| {
-            let store = store_in_flight();
+            let (store, clock) = store_in_flight();
             let at_lease_end = NOW + LEASE;
+            clock.set(at_lease_end);
             let renewal = {
                 let store = store.clone();
-                thread::spawn(move || {
-                    block_on(store.renew(&key(), FencingToken(1), at_lease_end + LEASE))
-                })
+                thread::spawn(move || block_on(store.renew(&key(), FencingToken(1), LEASE)))
             };
             let k = key();
-            let took_over = match block_on(store.claim(&claim(&k, 2, at_lease_end))) {
-                Ok(ClaimOutcome::Claimed { taken_over }) => {
-                    assert!(taken_over, "the only way in is a takeover");
+            let took_over = match block_on(store.claim(&claim(&k, 2))) {
+                Ok(ClaimOutcome::Claimed(won)) => {
+                    assert!(won.taken_over, "the only way in is a takeover");
                     true
                 }
-                Ok(ClaimOutcome::Existing(record)) => {
+                Ok(ClaimOutcome::Existing(Found { record, .. })) => {
                     assert_eq!(
                         record.state,
                         RecordState::InFlight {
@@ -669,9 +684,7 @@ fn a_renewal_and_a_takeover_exactly_one_wins() {
                 !took_over,
                 "exactly one of renewal and takeover wins"
             );
-            let record = block_on(store.get(&key(), at_lease_end))
-                .expect("the memory store does not fail")
-                .expect("the record stays");
+            let record = record(&store).expect("the record stays");
             assert_eq!(record.token, FencingToken(if took_over { 2 } else { 1 }));
             tally.saw(if took_over {
                 "took over"
