@@ -26,8 +26,7 @@
 //!     use ::idem_runtime::__private::{ReadsTheHead as _, ReadsTheBody as _, Unknown as _};
 //!     (&&::idem_runtime::__private::Param::<State<App>>::new()).check();
 //!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
-//!     let __idem_scope: ::std::borrow::Cow<'static, str> =
-//!         ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
+//!     let __idem_scope: ::std::string::String = ::idem_runtime::__private::scope_id(&user);
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, __idem_last,
 //!         move |Json(req): Json<New>| async move {
 //!             let __idem_ret: Result<Json<Payment>, AppError> = { BODY };
@@ -413,7 +412,7 @@ fn gen_signature(mut sig: Signature, params: &Params, limit: &TokenStream) -> Si
 ///
 /// Input:  POLICY, the parameters, `-> Json<Out>` and `{ BODY }`
 /// Output: `{ const __IDEM_POLICY: Policy = POLICY; [ORDER_CHECK] PROBES [EXTRACT_NOW]
-///         let __idem_scope: Cow<'static, str> = SCOPE_ID; RUN.await }`
+///         let __idem_scope: String = SCOPE_ID; RUN.await }`
 fn gen_block(
     params: &Params,
     scope: ScopeSource,
@@ -434,7 +433,7 @@ fn gen_block(
         #order_check
         #probes
         #extract_now
-        let #scope_var: ::std::borrow::Cow<'static, str> = #scope_id;
+        let #scope_var: ::std::string::String = #scope_id;
         #run.await
     })
 }
@@ -457,19 +456,19 @@ fn probes(head: &[PatType]) -> TokenStream {
     )
 }
 
-/// The scope id, owned.
+/// The scope id, owned (the record key keeps it), so that the parameter can still move into the
+/// body afterwards.
 ///
 /// Input:  `scope = "user"` (a parameter `user: AuthUser`), or `scope = "global"`
-/// Output: `::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned())`,
-///         or `::std::borrow::Cow::Borrowed(::idem_runtime::__private::GLOBAL_SCOPE)`
+/// Output: `::idem_runtime::__private::scope_id(&user)`,
+///         or `::std::string::String::from(::idem_runtime::__private::GLOBAL_SCOPE)`
 fn scope_id(scope: ScopeSource) -> TokenStream {
     let (def, p) = (Span::mixed_site(), private());
     match scope {
-        ScopeSource::Global => quote_spanned!(def=> ::std::borrow::Cow::Borrowed(#p::GLOBAL_SCOPE)),
+        ScopeSource::Global => quote_spanned!(def=> ::std::string::String::from(#p::GLOBAL_SCOPE)),
         ScopeSource::Param(mut ident, ty_span) => {
             ident.set_span(ty_span.resolved_at(ident.span()));
-            let call = quote_spanned!(ty_span=> ::idem_runtime::__private::scope_id(&#ident));
-            quote_spanned!(def=> ::std::borrow::Cow::Owned(#call.into_owned()))
+            quote_spanned!(ty_span=> ::idem_runtime::__private::scope_id(&#ident))
         }
     }
 }
@@ -696,7 +695,7 @@ mod tests {
             !out.contains("Param :: < Json"),
             "the last parameter is not probed: {out}"
         );
-        assert!(out.contains(":: idem_runtime :: __private :: scope_id (& user) . into_owned ()"));
+        assert!(out.contains(":: idem_runtime :: __private :: scope_id (& user)"));
         assert!(out.contains("let __idem_ret : Json < Out > ="));
     }
 

@@ -140,7 +140,10 @@ fn claim(key: &RecordKey, token: i64) -> Claim<'_> {
 /// model's threads start), and the clock.
 fn store_at_now() -> (Arc<MemoryStore>, ManualClock) {
     let clock = ManualClock::new(NOW);
-    (Arc::new(MemoryStore::new().with_clock(clock.clone())), clock)
+    (
+        Arc::new(MemoryStore::new().with_clock(clock.clone())),
+        clock,
+    )
 }
 
 /// A store holding [`key`] in flight under token 1, and its clock.

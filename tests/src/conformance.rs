@@ -325,7 +325,11 @@ impl<S: Store> Harness<S> {
     async fn get(&self, key: &RecordKey) -> Option<Record> {
         let found = self.store.get(key).await.expect("get");
         found.map(|found| {
-            assert_eq!(found.now, self.clock.now(), "a read carries the store's time");
+            assert_eq!(
+                found.now,
+                self.clock.now(),
+                "a read carries the store's time"
+            );
             found.record
         })
     }
@@ -538,24 +542,10 @@ pub async fn expired_key_is_a_tombstone_until_purged<B: Backend>(b: B) {
         }
     }
     assert!(h.get(&key).await.is_some(), "the tombstone is still there");
-    assert_eq!(
-        h.store
-            .inner
-            .purge_expired(100)
-            .await
-            .expect("purge"),
-        0
-    );
+    assert_eq!(h.store.inner.purge_expired(100).await.expect("purge"), 0);
 
     h.clock.advance(RETAIN - TTL);
-    assert!(
-        h.store
-            .inner
-            .purge_expired(100)
-            .await
-            .expect("purge")
-            >= 1
-    );
+    assert!(h.store.inner.purge_expired(100).await.expect("purge") >= 1);
     assert!(h.get(&key).await.is_none(), "purged");
     let again = execute(h.engine.begin(key.clone(), fp("b"), &policy()).await);
     assert!(!again.taken_over());
@@ -686,7 +676,10 @@ pub async fn release_lets_the_next_request_run<B: Backend>(b: B) {
     let first = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     let downstream = first.downstream_key();
     first.release().await.expect("release");
-    assert_eq!(h.get(&key).await.expect("record").state, RecordState::Released);
+    assert_eq!(
+        h.get(&key).await.expect("record").state,
+        RecordState::Released
+    );
     h.clock.advance(Duration::from_secs(1));
     let second = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     assert!(!second.taken_over());
@@ -717,7 +710,10 @@ pub async fn dropped_claim_is_released_only_on_a_panic<B: Backend>(b: B) {
     .await;
     assert!(panicked.is_err());
     released.changed().await;
-    assert_eq!(h.get(&key).await.expect("record").state, RecordState::Released);
+    assert_eq!(
+        h.get(&key).await.expect("record").state,
+        RecordState::Released
+    );
 
     let key = fresh_key();
     drop(execute(
@@ -758,10 +754,7 @@ pub async fn renewal_moves_the_lease_of_the_current_claim_only<B: Backend>(b: B)
     h.clock.advance(LEASE);
     let heir = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     assert!(heir.taken_over());
-    let late = h
-        .store
-        .renew(&key, guard.token(), LEASE)
-        .await;
+    let late = h.store.renew(&key, guard.token(), LEASE).await;
     assert_eq!(late.expect_err("fenced").kind(), StoreErrorKind::Fenced);
     let token = heir.token();
     heir.complete(&response("a")).await.expect("complete");
@@ -779,7 +772,10 @@ pub async fn a_lost_record_is_claimed_back_by_its_completion<B: Backend>(b: B) {
     let key = fresh_key();
     let guard = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
     h.store.release(&key, guard.token()).await.expect("release");
-    assert_eq!(h.get(&key).await.expect("record").state, RecordState::Released);
+    assert_eq!(
+        h.get(&key).await.expect("record").state,
+        RecordState::Released
+    );
     guard
         .complete(&response("a"))
         .await
@@ -912,12 +908,7 @@ pub async fn purge_deletes_in_batches<B: Backend>(b: B) {
     .expect("complete");
     h.clock.advance(RETAIN);
     // Other cases may share the server; count only at least our own batches.
-    let first = h
-        .store
-        .inner
-        .purge_expired(10)
-        .await
-        .expect("purge");
+    let first = h.store.inner.purge_expired(10).await.expect("purge");
     assert_eq!(first, 10, "a batch is capped");
     let sweeper = Sweeper::new(ArcPurge(h.store.clone())).batch_size(7);
     assert!(sweeper.sweep_once().await.expect("sweep") >= 15);
@@ -1070,7 +1061,11 @@ pub async fn a_claim_whose_request_was_dropped_is_released<B: Backend>(b: B) {
     let mut settled = store.subscribe(&key);
     gated.open.notify_one();
     settled.changed().await;
-    let found = store.get(&key).await.expect("get").expect("the claim landed");
+    let found = store
+        .get(&key)
+        .await
+        .expect("get")
+        .expect("the claim landed");
     assert_eq!(found.record.state, RecordState::Released);
     // The retry (on the store directly: no gate) resumes it at once; not a takeover.
     let retry = execute(Engine::from_arc(store).begin(key, fp("a"), &policy()).await);

@@ -296,7 +296,7 @@ where
             };
             let policy = KeyPolicy::Shared(policy);
             let now = Deferred::ready(());
-            Ok(run(engine, policy, scope, request_context, now, handler).await)
+            Ok(run(engine, policy, scope, request_context, now, handler, ()).await)
         })
     }
 }

@@ -137,6 +137,8 @@ mod request;
 mod respond;
 mod run;
 pub mod scope;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
 
 pub use attempt::Attempt;
 pub use layer::IdempotencyLayer;

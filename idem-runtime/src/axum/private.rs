@@ -22,7 +22,7 @@
 //!     // A parameter before the last one that reads the body is reported at its type.
 //!     (&&::idem_runtime::__private::Param::<AuthUser>::new()).check();
 //!     // Copied out: the body below is an `async move` block that may use `user` itself.
-//!     let __idem_scope = ::std::borrow::Cow::Owned(::idem_runtime::__private::scope_id(&user).into_owned());
+//!     let __idem_scope: ::std::string::String = ::idem_runtime::__private::scope_id(&user);
 //!     // The last parameter is extracted once the key is claimed, and handed to the closure.
 //!     ::idem_runtime::__private::run(__idem_engine, &__IDEM_POLICY, __idem_scope, __idem_request, __idem_last,
 //!         move |Json(req): Json<New>| async move { BODY }).await
@@ -42,7 +42,6 @@ pub use core::time::Duration;
 use ::axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use ::axum::http::request::Parts;
 use ::axum::response::IntoResponse;
-use std::borrow::Cow;
 use std::future::Future;
 use std::marker::PhantomData;
 
@@ -220,8 +219,8 @@ pub trait BodyLast {}
 ///
 /// The id is returned owned (the record key needs an owned copy anyway) so that the parameter can
 /// still move into the handler body after its id was taken.
-pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'static, str> {
-    Cow::Owned(value.scope_id().into_owned())
+pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> String {
+    value.scope_id().into_owned()
 }
 
 /// Runs `handler` under idempotency protection: reads the key, asks the engine, then extracts
@@ -230,7 +229,7 @@ pub fn scope_id<T: super::Scope + ?Sized>(value: &T) -> Cow<'static, str> {
 pub fn run<B, F, Fut, R>(
     engine: EngineState,
     policy: &'static Policy,
-    scope: Cow<'_, str>,
+    scope: String,
     request: RequestContext,
     last: Deferred<B>,
     handler: F,
@@ -242,7 +241,7 @@ where
     R: IntoResponse,
 {
     let policy = super::run::KeyPolicy::Static(policy);
-    super::run::run(engine.0, policy, scope.into_owned(), request, last, handler)
+    super::run::run(engine.0, policy, scope, request, last, handler, ())
 }
 
 /// Extracts the [`Transactional`](crate::transaction::Transactional) engine for a handler whose
@@ -279,7 +278,7 @@ where
 pub async fn run_transactional<T, B, F, Fut, R>(
     txn: TxState<T>,
     policy: &'static Policy,
-    scope: Cow<'_, str>,
+    scope: String,
     request: RequestContext,
     last: Deferred<B>,
     handler: F,
@@ -291,8 +290,11 @@ where
     Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
 {
-    let scope = scope.into_owned();
-    super::run::run_transactional(&txn.0, policy, scope, request, last, handler).await
+    let (tx, finish) = super::transactional::lend::<T>(&txn.0, policy.handler);
+    let engine = txn.0.engine().clone();
+    let policy = super::run::KeyPolicy::Static(policy);
+    let handler = move |last| handler(tx, last);
+    super::run::run(engine, policy, scope, request, last, handler, finish).await
 }
 
 /// What `#[idempotent]` adds for a `#[utoipa::path(...)]` written below it: a hidden type per

@@ -16,9 +16,10 @@
 //!    server errors); anything else is stored, retried until the store takes it, and replayed. A
 //!    panic releases the key and answers 500.
 //!
-//! In transactional mode ([`run_transactional`]) the handler's transaction, if it began one, is
-//! committed with the stored response; a 5xx or a panic rolls it back, and a failed commit answers
-//! 503 instead of the handler's response.
+//! Each run ends with a [`Finish`] step: the default stores the response; in transactional mode
+//! ([`super::transactional`]) the handler's transaction, if it began one, is committed with the
+//! stored response, a 5xx or a panic rolls it back, and a failed commit answers 503 instead of the
+//! handler's response.
 
 use super::problem::{Problem, ProblemType};
 use super::request::{Deferred, KeyHeader, RequestContext};
@@ -32,8 +33,6 @@ use crate::metrics::Outcome;
 use crate::policy::{MissingKey, Policy, ServerErrors};
 use crate::record::{RecordKey, StoredResponse};
 use crate::store::StoreErrorKind;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::transaction::{Transactional, TxClaim, TxHandle};
 use ::axum::http::StatusCode;
 use ::axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
@@ -110,30 +109,58 @@ fn keyed(engine: &Engine, policy: KeyPolicy, scope: String, request: &RequestCon
     }
 }
 
+/// How a claimed run ends once its handler has answered. The default ([`()`]) stores the response
+/// after the client has it, retrying until the store takes it; transactional mode commits it with
+/// the handler's writes ([`super::transactional`]).
+pub(crate) trait Finish: Send + Sized + 'static {
+    /// Takes back what the handler was lent (its transaction); false (and logged) if the handler
+    /// kept it past its end, which fails the request.
+    fn take_back(&mut self) -> bool {
+        true
+    }
+
+    /// Throws away what the handler wrote (a 5xx, a refused body, a panic).
+    fn discard(self) {}
+
+    /// The response of a request that ran unprotected (no key, `missing_key = "pass"`).
+    fn pass(self, response: Response) -> impl Future<Output = Response> + Send {
+        std::future::ready(response)
+    }
+
+    /// Settles a response to store: by default, stored once the client has it.
+    fn settle(
+        self,
+        guard: ClaimGuard,
+        stored: StoredResponse,
+        response: Response,
+    ) -> impl Future<Output = Settled> + Send {
+        std::future::ready(Settled::Later(Box::new((guard, stored, response))))
+    }
+}
+
+impl Finish for () {}
+
 /// Claims the key, then extracts the handler's last parameter and runs `handler` with it, detached
-/// from the request (see the module documentation).
-pub(crate) async fn run<B, F, Fut, R>(
+/// from the request, and ends with `finish` (see the module documentation).
+pub(crate) async fn run<B, F, Fut, R, Fin>(
     engine: Engine,
     policy: KeyPolicy,
     scope: String,
     request: RequestContext,
     last: Deferred<B>,
     handler: F,
+    finish: Fin,
 ) -> Response
 where
     B: Send + 'static,
     F: FnOnce(B) -> Fut + Send + 'static,
     Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse,
+    Fin: Finish,
 {
     let (key, fingerprint, policy) = match keyed(&engine, policy, scope, &request) {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => {
-            return match last.now().await {
-                Ok(last) => handler(last).await.into_response(),
-                Err(rejection) => rejection,
-            }
-        }
+        Keyed::Pass => return unprotected(last, handler, finish).await,
         Keyed::Answered(response) => return response,
     };
     let guard = match claim(&engine, key, fingerprint, &policy, request.attempt).await {
@@ -141,112 +168,61 @@ where
         Err(answer) => return answer,
     };
     detached(&engine, async move {
+        let mut finish = finish;
         let run = AssertUnwindSafe(async move {
             let last = last.now().await?;
             Ok(handler(last).await.into_response())
         });
         let response = match guard.keep_alive(run.catch_unwind()).await {
             Ok(Ok(response)) => response,
-            Ok(Err(rejection)) => return Settled::Now(released(guard, &policy, rejection).await),
-            Err(_) => return Settled::Now(panicked(guard, &policy).await),
-        };
-        if response.status().is_server_error() && policy.server_errors == ServerErrors::Release {
-            return Settled::Now(released(guard, &policy, response).await);
-        }
-        let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
-        Settled::Later(Box::new((guard, stored, response)))
-    })
-    .await
-}
-
-/// [`run`] in transactional mode: the handler gets a transaction handle, and what it wrote through
-/// it commits with the stored response. See [`crate::transaction`].
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) async fn run_transactional<T, B, F, Fut, R>(
-    txn: &Transactional<T::Store>,
-    policy: &'static Policy,
-    scope: String,
-    request: RequestContext,
-    last: Deferred<B>,
-    handler: F,
-) -> Response
-where
-    T: TxHandle,
-    B: Send + 'static,
-    F: FnOnce(T, B) -> Fut + Send + 'static,
-    Fut: Future<Output = R> + Send + 'static,
-    R: IntoResponse,
-{
-    let engine = txn.engine();
-    let (key, fingerprint, policy) = match keyed(engine, KeyPolicy::Static(policy), scope, &request)
-    {
-        Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => {
-            return match last.now().await {
-                Ok(last) => pass_transactional(txn, policy.handler, |tx| handler(tx, last)).await,
-                Err(rejection) => rejection,
-            }
-        }
-        Keyed::Answered(response) => return response,
-    };
-    let guard = match claim(engine, key, fingerprint, &policy, request.attempt).await {
-        Ok(guard) => guard,
-        Err(answer) => return answer,
-    };
-    let mut tx = txn.tx();
-    let retry_after = engine.unavailable_retry_after();
-    detached(engine, async move {
-        let (lent, back) = tx.lend();
-        let run = AssertUnwindSafe(async move {
-            let last = last.now().await?;
-            Ok(handler(T::from_tx(lent), last).await.into_response())
-        });
-        let response = match guard.keep_alive(run.catch_unwind()).await {
-            Ok(Ok(response)) => response,
             Ok(Err(rejection)) => {
-                // The handle went home unused: nothing to roll back.
-                drop(back);
+                finish.discard();
                 return Settled::Now(released(guard, &policy, rejection).await);
             }
             Err(_) => {
-                // The dropped handle sent its transaction home: roll it back (on SQLite, free the
-                // write gate) before the release, which needs the gate.
-                drop(back);
+                // Rolled back (on SQLite, the write gate freed) before the release, which needs it.
+                finish.discard();
                 return Settled::Now(panicked(guard, &policy).await);
             }
         };
-        if !back.restore(&mut tx) {
-            tracing::error!(target: "idem", handler = policy.handler,
-                "the handler kept its idem transaction past its end; nothing was committed");
+        if !finish.take_back() {
             return Settled::Now(panicked(guard, &policy).await);
         }
         if response.status().is_server_error() {
-            drop(tx); // rolls back
+            finish.discard();
             if policy.server_errors == ServerErrors::Release {
                 return Settled::Now(released(guard, &policy, response).await);
             }
             let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
             return Settled::Later(Box::new((guard, stored, response)));
         }
-        let (stored, mut response) = guard.keep_alive(respond::capture(response, &policy)).await;
-        if !tx.is_begun() {
-            return Settled::Later(Box::new((guard, stored, response)));
-        }
-        let expires_at = guard.expires_at();
-        Settled::Now(match (TxClaim { guard, tx }).complete(&stored).await {
-            Ok(()) => {
-                respond::set_expires(response.headers_mut(), expires_at);
-                response
-            }
-            // Nothing was committed: the client must not see the handler's success.
-            Err(_) => not_committed(retry_after),
-        })
+        let (stored, response) = guard.keep_alive(respond::capture(response, &policy)).await;
+        finish.settle(guard, stored, response).await
     })
     .await
 }
 
+/// A request run without a key: the handler, then `finish`'s pass step.
+async fn unprotected<B, F, Fut, R, Fin>(last: Deferred<B>, handler: F, mut finish: Fin) -> Response
+where
+    F: FnOnce(B) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+    Fin: Finish,
+{
+    let last = match last.now().await {
+        Ok(last) => last,
+        Err(rejection) => return rejection,
+    };
+    let response = handler(last).await.into_response();
+    if !finish.take_back() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    finish.pass(response).await
+}
+
 /// How a detached run ends: with its response settled, or with a response still to store.
-enum Settled {
+pub(crate) enum Settled {
     Now(Response),
     Later(Box<(ClaimGuard, StoredResponse, Response)>),
 }
@@ -322,49 +298,6 @@ async fn panicked(guard: ClaimGuard, policy: &Policy) -> Response {
             key = %key.key(), %error, "could not release the key after a panic; a retry can run once its lease runs out");
     }
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-async fn pass_transactional<T, F, Fut, R>(
-    txn: &Transactional<T::Store>,
-    name: &'static str,
-    handler: F,
-) -> Response
-where
-    T: TxHandle,
-    F: FnOnce(T) -> Fut,
-    Fut: Future<Output = R>,
-    R: IntoResponse,
-{
-    let mut tx = txn.tx();
-    let (lent, back) = tx.lend();
-    let response = handler(T::from_tx(lent)).await.into_response();
-    if !back.restore(&mut tx) {
-        tracing::error!(target: "idem", handler = name,
-            "the handler kept its idem transaction past its end; nothing was committed");
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    }
-    if response.status().is_server_error() || !tx.is_begun() {
-        return response; // dropping `tx` rolls back
-    }
-    match tx.commit().await {
-        Ok(()) => response,
-        Err(error) => {
-            tracing::warn!(target: "idem", handler = name, %error,
-                "could not commit a request without a key");
-            not_committed(txn.engine().unavailable_retry_after())
-        }
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn not_committed(retry_after: std::time::Duration) -> Response {
-    Problem::new(
-        ProblemType::StoreUnavailable,
-        "The request's changes could not be committed, so nothing was done. Retry with the same key after Retry-After seconds.",
-    )
-    .retry_after(retry_after)
-    .into_response()
 }
 
 fn decide_key(

@@ -1,9 +1,9 @@
 //! The store conformance suite on the in-memory store.
 
 use idem_runtime::clock::Clock;
-use std::sync::Arc;
 use idem_runtime::store::memory::MemoryStore;
 use idem_tests::conformance::Backend;
+use std::sync::Arc;
 
 struct Memory;
 

@@ -6,7 +6,6 @@
 //! `IDEM_TEST_POSTGRES_URL` ([`TestDb`]), dropped when the case ends.
 
 use idem_runtime::clock::Clock;
-use std::sync::Arc;
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
 use idem_runtime::sqlx::{self, ConnectOptions, Row};
 use idem_runtime::store::postgres::testing::{bind_claim, CLAIM_STATEMENT};
@@ -15,6 +14,7 @@ use idem_runtime::store::{Claim, ClaimOutcome, Claimed, Found};
 use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
 use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
 use idem_tests::services::TestDb;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Bounds a failure only: every wait below ends as soon as its event happens.
@@ -102,7 +102,13 @@ fn claim_of<'a>(key: &'a idem_runtime::RecordKey, token: FencingToken) -> Claim<
 async fn claim_and_complete(store: &PostgresStore, key: &idem_runtime::RecordKey) {
     let token = FencingToken::generate();
     let claimed = store.claim(&claim_of(key, token)).await.expect("claim");
-    assert!(matches!(claimed, ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
+    assert!(matches!(
+        claimed,
+        ClaimOutcome::Claimed(Claimed {
+            taken_over: false,
+            ..
+        })
+    ));
     store
         .complete(key, token, &response("a"))
         .await
@@ -397,7 +403,11 @@ async fn undecodable_record_is_corrupt() {
     .execute(store.pool())
     .await
     .expect("insert a bad row");
-    let err = store.get(&key).await.map(|found| found.map(|f| f.record)).expect_err("corrupt");
+    let err = store
+        .get(&key)
+        .await
+        .map(|found| found.map(|f| f.record))
+        .expect_err("corrupt");
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     let err = store
         .claim(&claim_of(&key, FencingToken::generate()))

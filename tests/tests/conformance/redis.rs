@@ -5,11 +5,11 @@
 //! `IDEM_TEST_REDIS_URL` and deletes its keys when dropped, also when the case fails.
 
 use idem_runtime::clock::Clock;
-use std::sync::Arc;
 use idem_runtime::store::redis::RedisStore;
-use idem_tests::conformance::T0;
 use idem_tests::conformance::Backend;
+use idem_tests::conformance::T0;
 use idem_tests::services;
+use std::sync::Arc;
 
 struct Redis {
     url: String,
@@ -75,9 +75,9 @@ idem_tests::conformance_suite!(
 mod redis_only {
     use super::redis;
     use futures_util::StreamExt;
-    
+
     use idem_runtime::store::redis::RedisStore;
-    use idem_runtime::store::{Claim, ClaimOutcome, Purge, Claimed, Found};
+    use idem_runtime::store::{Claim, ClaimOutcome, Claimed, Found, Purge};
     use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
@@ -223,7 +223,13 @@ mod redis_only {
         store.announce_waiter(&key).await.expect("announce");
         backend.clock.set(T0 + Duration::from_secs(60));
         let taker = fresh_claim(&key);
-        assert!(matches!(store.claim(&taker).await.expect("claim"), ClaimOutcome::Claimed(Claimed { taken_over: true, .. })));
+        assert!(matches!(
+            store.claim(&taker).await.expect("claim"),
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: true,
+                ..
+            })
+        ));
         store
             .complete(&key, taker.token, &response("b"))
             .await
@@ -293,7 +299,12 @@ mod redis_only {
             }
             assert_eq!(winners.len(), 1, "exactly one claim wins");
             assert!(seen.iter().all(|t| *t == winners[0]), "the others see it");
-            let record = store.get(&key).await.map(|found| found.map(|f| f.record)).expect("get").expect("record");
+            let record = store
+                .get(&key)
+                .await
+                .map(|found| found.map(|f| f.record))
+                .expect("get")
+                .expect("record");
             assert_eq!(record.token, winners[0]);
             let ttl = pttl(&mut conn, &store.redis_key(&key)).await;
             if taken_over {
@@ -373,7 +384,10 @@ mod redis_only {
         let key = fresh_key();
         assert!(matches!(
             store.claim(&claim(&key)).await,
-            Ok(ClaimOutcome::Claimed(Claimed { taken_over: false, .. }))
+            Ok(ClaimOutcome::Claimed(Claimed {
+                taken_over: false,
+                ..
+            }))
         ));
 
         proxy.cut();
@@ -452,7 +466,13 @@ mod redis_only {
             .await
             .expect("answers instead of hanging")
             .expect("connected once redis returned");
-        assert!(matches!(outcome, ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
+        assert!(matches!(
+            outcome,
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: false,
+                ..
+            })
+        ));
         tokio::time::timeout(GENEROUS, store.subscription_is(true))
             .await
             .expect("the lazy store subscribes to completions once redis is back");
@@ -488,7 +508,13 @@ mod redis_only {
 
         let key = fresh_key();
         let claim = fresh_claim(&key);
-        assert!(matches!(a.claim(&claim).await.expect("claim"), ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
+        assert!(matches!(
+            a.claim(&claim).await.expect("claim"),
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: false,
+                ..
+            })
+        ));
         let mut woken = b.subscribe(&key);
         // B's command connection went through the cut too: its first call may meet the dead
         // connection, and the manager reconnects on the next.
@@ -529,11 +555,12 @@ mod redis_only {
             .await
             .expect("hset");
         for err in [
+            store.claim(&fresh_claim(&key)).await.expect_err("claim"),
             store
-                .claim(&fresh_claim(&key))
+                .get(&key)
                 .await
-                .expect_err("claim"),
-            store.get(&key).await.map(|found| found.map(|f| f.record)).expect_err("get"),
+                .map(|found| found.map(|f| f.record))
+                .expect_err("get"),
             store
                 .complete(&key, FencingToken(1), &response("a"))
                 .await
@@ -565,11 +592,12 @@ mod redis_only {
             let before = value(&mut conn, &store.redis_key(key)).await;
             assert!(before.is_some());
             let errors = [
-                store.get(key).await.map(|found| found.map(|f| f.record)).expect_err("get"),
                 store
-                    .claim(&fresh_claim(key))
+                    .get(key)
                     .await
-                    .expect_err("claim"),
+                    .map(|found| found.map(|f| f.record))
+                    .expect_err("get"),
+                store.claim(&fresh_claim(key)).await.expect_err("claim"),
                 store
                     .complete(key, claim.token, &response("a"))
                     .await
@@ -580,10 +608,7 @@ mod redis_only {
                 assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{key}: {err}");
             }
             store.announce_waiter(key).await.expect("announce");
-            store
-                .purge_expired(1_000)
-                .await
-                .expect("purge");
+            store.purge_expired(1_000).await.expect("purge");
             assert_eq!(
                 value(&mut conn, &store.redis_key(key)).await,
                 before,
@@ -635,11 +660,21 @@ mod redis_only {
         );
         for key in &keys {
             assert!(
-                store.get(key).await.map(|found| found.map(|f| f.record)).expect("get").is_none(),
+                store
+                    .get(key)
+                    .await
+                    .map(|found| found.map(|f| f.record))
+                    .expect("get")
+                    .is_none(),
                 "{key} purged"
             );
         }
-        assert!(store.get(&live).await.map(|found| found.map(|f| f.record)).expect("get").is_some());
+        assert!(store
+            .get(&live)
+            .await
+            .map(|found| found.map(|f| f.record))
+            .expect("get")
+            .is_some());
     }
 
     fn fresh_claim(key: &idem_runtime::RecordKey) -> Claim<'_> {

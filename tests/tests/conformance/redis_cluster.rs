@@ -8,10 +8,10 @@
 //! dropped, also when the case fails.
 
 use idem_runtime::clock::Clock;
-use std::sync::Arc;
 use idem_runtime::store::redis::RedisClusterStore;
 use idem_tests::conformance::Backend;
 use idem_tests::services;
+use std::sync::Arc;
 
 struct Cluster {
     seeds: Vec<String>,
@@ -79,7 +79,7 @@ idem_tests::conformance_suite!(
 mod cluster_only {
     use super::cluster;
     use idem_runtime::store::redis::RedisClusterStore;
-    use idem_runtime::store::{Claim, ClaimOutcome, Purge, Claimed, Found};
+    use idem_runtime::store::{Claim, ClaimOutcome, Claimed, Found, Purge};
     use idem_runtime::sweeper::Sweeper;
     use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
     use idem_tests::conformance::{fp, fresh_key, policy, response, T0};
@@ -151,7 +151,12 @@ mod cluster_only {
             1,
             "only the live record is left: {left:?}"
         );
-        assert!(store.get(&live).await.map(|found| found.map(|f| f.record)).expect("get").is_some());
+        assert!(store
+            .get(&live)
+            .await
+            .map(|found| found.map(|f| f.record))
+            .expect("get")
+            .is_some());
     }
 
     /// A completion on instance A wakes a waiter on instance B, subscribed through another seed
@@ -241,11 +246,20 @@ mod cluster_only {
         let one = store(1).await.expect("connect");
         let key = fresh_key();
         let claim = fresh_claim(&key);
-        assert!(matches!(one.claim(&claim).await.expect("confirmed by the replica"), ClaimOutcome::Claimed(Claimed { taken_over: false, .. })));
+        assert!(matches!(
+            one.claim(&claim).await.expect("confirmed by the replica"),
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: false,
+                ..
+            })
+        ));
         one.complete(&key, claim.token, &response("a"))
             .await
             .expect("confirmed by the replica");
         let replay = one.claim(&fresh_claim(&key)).await.expect("replay");
-        assert!(matches!(replay, ClaimOutcome::Existing(Found { record: _, .. })), "{replay:?}");
+        assert!(
+            matches!(replay, ClaimOutcome::Existing(Found { record: _, .. })),
+            "{replay:?}"
+        );
     }
 }

@@ -2,9 +2,9 @@
 //! `open()` is a new pool on that file (two handles are two instances, reopening is a restart).
 
 use idem_runtime::clock::Clock;
-use std::sync::Arc;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_tests::conformance::Backend;
+use std::sync::Arc;
 use tempfile::TempDir;
 
 struct Sqlite {

@@ -128,7 +128,7 @@ http_test! {
             .await;
         assert_eq!(failed.status, 502);
         assert!(!failed.headers.contains_key("idempotency-expires"));
-        assert!(h.record("alice", "k1").await.is_none(), "nothing is stored");
+        assert!(h.kept("alice", "k1").await.is_none(), "nothing is stored");
 
         let retry = h
             .send(json_post("/flaky", "alice", &["k1"], PAY_1000))
@@ -169,7 +169,7 @@ http_test! {
         assert_eq!(crashed.status, 500, "a panic is a plain 500, as in axum");
         assert!(!crashed.headers.contains_key("idempotency-expires"));
         assert_eq!(h.count(Outcome::Released), 1);
-        assert!(h.record("alice", "k1").await.is_none(), "released");
+        assert!(h.kept("alice", "k1").await.is_none(), "released");
 
         let retry = h
             .send(json_post("/panicking", "alice", &["k1"], PAY_1000))
@@ -258,7 +258,7 @@ http_test! {
         } else {
             assert_eq!(claims, 1, "the bad JSON was claimed; the anonymous request was not");
             assert_eq!(h.store.releases.load(Ordering::SeqCst), 1);
-            assert!(h.record("alice", "k1").await.is_none(), "the rejection is not stored");
+            assert!(h.kept("alice", "k1").await.is_none(), "the rejection is not stored");
             let missing_field = json_post("/payments", "alice", &["k1"], r#"{"amount": 10}"#);
             let refused = h.send(missing_field).await;
             assert_eq!(refused.status, 422);
@@ -356,7 +356,7 @@ http_test! {
         assert_eq!(h.store.claims.load(Ordering::SeqCst), cases.len());
         let released = if h.layered { 0 } else { cases.len() };
         assert_eq!(h.store.releases.load(Ordering::SeqCst), released);
-        assert_eq!(h.record("alice", "bad-0").await.is_some(), h.layered);
+        assert_eq!(h.kept("alice", "bad-0").await.is_some(), h.layered);
         assert_eq!(h.probe.calls(), 0);
 
         // A media type is accepted exactly when axum's `Json` accepts it, however it is written, and
@@ -424,7 +424,7 @@ http_test! {
             return;
         }
         assert_eq!(h.store.releases.load(Ordering::SeqCst), 1);
-        assert!(h.record("alice", "k1").await.is_none());
+        assert!(h.kept("alice", "k1").await.is_none());
 
         // A media type `Json` refuses is refused as axum's `Json` refuses it, before any limit.
         let text = post_as("/limited", Some("text/plain"), "k1", over);

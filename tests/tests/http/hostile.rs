@@ -106,7 +106,7 @@ async fn safe_methods_pass_through_untouched() {
     assert_eq!(send(router, head).await.status, 200);
     assert_eq!(h.probe.calls(), 4);
     assert_eq!(h.store.claims.load(std::sync::atomic::Ordering::SeqCst), 0);
-    assert!(h.record("alice", "k1").await.is_none());
+    assert!(h.kept("alice", "k1").await.is_none());
 }
 
 #[tokio::test]

@@ -230,6 +230,13 @@ impl Harness {
         self.engine.metrics().get(outcome)
     }
 
+    /// The record for `key` in `scope` unless it was released: what a retry would meet (a released
+    /// record is resumed by the same request, replaced by any other).
+    pub async fn kept(&self, scope: &str, key: &str) -> Option<Record> {
+        let record = self.record(scope, key).await;
+        record.filter(|record| record.state != idem_runtime::RecordState::Released)
+    }
+
     /// The record stored for `key` in `scope`, if any.
     pub async fn record(&self, scope: &str, key: &str) -> Option<Record> {
         let found = self.store.get(&RecordKey::new(scope, key)).await;
@@ -387,7 +394,7 @@ async fn create_payment(
     WithBody(__idem_last, __idem_request, __idem_engine): WithBody<Json<NewPayment>, 1048576>,
 ) -> Response {
     const __IDEM_POLICY: Policy = WITH_REQUEST_REF.handler("create_payment").checked();
-    let __idem_scope = Cow::Owned(scope_id(&user).into_owned());
+    let __idem_scope = scope_id(&user);
     run(
         __idem_engine,
         &__IDEM_POLICY,

@@ -58,7 +58,7 @@ async fn a_replay_does_not_run_the_body_extractor() {
     let new = send(deployed, json_post("/payments", "alice", &["k2"], PAY_1000)).await;
     assert_eq!(new.status, 422);
     assert!(!new.replayed());
-    assert!(h.record("alice", "k2").await.is_none());
+    assert!(h.kept("alice", "k2").await.is_none());
     assert_eq!(h.probe.calls(), 1);
 }
 

@@ -15,8 +15,8 @@ use idem_runtime::{FencingToken, Fingerprint, RecordKey, Store, StoreErrorKind, 
 use idem_tests::conformance::Backend;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const NOW: i64 = 1_800_000_000_000;
@@ -156,7 +156,9 @@ fn fresh_claim(key: &RecordKey) -> Claim<'_> {
 
 /// The clock the stores here judge time by, standing at `NOW`.
 fn clock() -> Arc<dyn idem_runtime::clock::Clock> {
-    Arc::new(idem_runtime::clock::ManualClock::new(Timestamp::from_millis(NOW)))
+    Arc::new(idem_runtime::clock::ManualClock::new(
+        Timestamp::from_millis(NOW),
+    ))
 }
 
 fn allowed<T: std::fmt::Debug>(
@@ -180,7 +182,10 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = String>,
 {
-    allowed("get", &store.get(key).await.map(|found| found.map(|f| f.record)))?;
+    allowed(
+        "get",
+        &store.get(key).await.map(|found| found.map(|f| f.record)),
+    )?;
     let before = snapshot().await;
     let claimed = store.claim(&fresh_claim(key)).await;
     allowed("claim", &claimed)?;

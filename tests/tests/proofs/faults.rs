@@ -13,10 +13,10 @@
 
 use crate::http_support::{json_post, router, send, App, Probe, Reply, PAY_1000};
 use idem_runtime::clock::{ManualClock, Timestamp};
-use idem_runtime::store::{Found, Claim, ClaimOutcome, Subscription};
+use idem_runtime::store::{Claim, ClaimOutcome, Found, Subscription};
 use idem_runtime::{
-    Begin, Engine, FencingToken, Fingerprint, Policy, RecordKey, Rejection, Store,
-    StoreError, StoreErrorKind, StoredResponse,
+    Begin, Engine, FencingToken, Fingerprint, Policy, RecordKey, Rejection, Store, StoreError,
+    StoreErrorKind, StoredResponse,
 };
 use idem_tests::conformance::Backend;
 use std::sync::atomic::AtomicUsize;
