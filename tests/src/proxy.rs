@@ -2,7 +2,8 @@
 //! restore: a store outage on demand, with the service itself left running.
 //!
 //! [`Proxy::cut`] closes every open connection and refuses new ones (accepted, then closed at once);
-//! [`Proxy::restore`] lets new connections through again. A proxy made by [`Proxy::redis`] also
+//! [`Proxy::restore`] lets new connections through again. [`Proxy::go_down`] also stops listening,
+//! so that connecting is refused as by a server that is down, until [`Proxy::come_back`]. A proxy made by [`Proxy::redis`] also
 //! records the name of every command clients send, for tests that count round trips.
 
 use std::net::SocketAddr;
@@ -16,15 +17,17 @@ use tokio::sync::watch;
 #[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
+    upstream: SocketAddr,
     up: Arc<AtomicBool>,
     cuts: watch::Sender<u64>,
     commands: Option<Arc<Mutex<Vec<String>>>>,
-    task: tokio::task::JoinHandle<()>,
+    /// The task accepting connections, which owns the listener.
+    task: Mutex<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.task.abort();
+        self.task.lock().expect("lock").abort();
         self.cuts.send_modify(|n| *n += 1);
     }
 }
@@ -51,7 +54,26 @@ impl Proxy {
         let addr = listener.local_addr().expect("addr");
         let up = Arc::new(AtomicBool::new(true));
         let (cuts, _) = watch::channel(0u64);
-        let task = tokio::spawn({
+        let task = Self::accept(listener, upstream, &up, &cuts, &commands);
+        Self {
+            addr,
+            upstream,
+            up,
+            cuts,
+            commands,
+            task: Mutex::new(task),
+        }
+    }
+
+    /// The task that accepts connections on `listener` and forwards each to `upstream`.
+    fn accept(
+        listener: TcpListener,
+        upstream: SocketAddr,
+        up: &Arc<AtomicBool>,
+        cuts: &watch::Sender<u64>,
+        commands: &Option<Arc<Mutex<Vec<String>>>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn({
             let (up, cuts, commands) = (up.clone(), cuts.clone(), commands.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
@@ -76,14 +98,27 @@ impl Proxy {
                     });
                 }
             }
-        });
-        Self {
-            addr,
-            up,
-            cuts,
-            commands,
-            task,
-        }
+        })
+    }
+
+    /// Closes every open connection and stops listening: connecting is refused, as by a server
+    /// that is down, until [`come_back`](Self::come_back).
+    pub fn go_down(&self) {
+        self.task.lock().expect("lock").abort();
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Listens again on the same address.
+    pub async fn come_back(&self) {
+        let listener = TcpListener::bind(self.addr).await.expect("bind again");
+        let task = Self::accept(
+            listener,
+            self.upstream,
+            &self.up,
+            &self.cuts,
+            &self.commands,
+        );
+        *self.task.lock().expect("lock") = task;
     }
 
     /// Where clients connect.

@@ -3,7 +3,7 @@
 
 use crate::auth::AuthUser;
 use crate::card::{CardNetwork, Charge};
-use crate::ledger::{Ledger, Payment};
+use crate::ledger::{Database, Ledger, Payment};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
@@ -98,7 +98,7 @@ async fn capture(app: &AppState, user: &AuthUser, attempt: &Attempt, req: &NewPa
         .await
     {
         Ok(payment) => created(payment),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, app.ledger.database()),
     }
 }
 
@@ -125,7 +125,7 @@ pub(crate) async fn create_payment_in_sqlite(
     };
     match recorded {
         Ok(payment) => created(payment),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, app.ledger.database()),
     }
 }
 
@@ -149,7 +149,7 @@ pub(crate) async fn create_payment_in_postgres(
     };
     match recorded {
         Ok(payment) => created(payment),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, app.ledger.database()),
     }
 }
 
@@ -179,7 +179,7 @@ async fn charge(
     app.card
         .charge(&user.id, req.amount, &req.currency, &key)
         .await
-        .map_err(|e| database_error(&e))
+        .map_err(|e| database_error(&e, app.ledger.database()))
 }
 
 /// Create a payment, for old app versions
@@ -252,17 +252,17 @@ pub(crate) async fn refund_payment(
     let charge_id = match app.ledger.charge_of(&user.id, &id).await {
         Ok(Some(charge_id)) => charge_id,
         Ok(None) => return not_found(),
-        Err(e) => return database_error(&e),
+        Err(e) => return database_error(&e, app.ledger.database()),
     };
     if let Some(charge_id) = charge_id {
         if let Err(e) = app.card.refund(&charge_id).await {
-            return database_error(&e);
+            return database_error(&e, app.ledger.database());
         }
     }
     match app.ledger.refund(&user.id, &id).await {
         Ok(Some(payment)) => Json(payment).into_response(),
         Ok(None) => not_found(),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, app.ledger.database()),
     }
 }
 
@@ -279,7 +279,7 @@ pub(crate) async fn refund_payment(
 pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) -> Response {
     match ledger.list(&user.id).await {
         Ok(payments) => Json(payments).into_response(),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, ledger.database()),
     }
 }
 
@@ -303,7 +303,7 @@ pub(crate) async fn get_payment(
     match ledger.get(&user.id, &id).await {
         Ok(Some(payment)) => Json(payment).into_response(),
         Ok(None) => not_found(),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, ledger.database()),
     }
 }
 
@@ -322,7 +322,7 @@ pub(crate) async fn get_payment(
 pub(crate) async fn list_charges(State(card): State<CardNetwork>, user: AuthUser) -> Response {
     match card.charges(&user.id).await {
         Ok(charges) => Json(charges).into_response(),
-        Err(e) => database_error(&e),
+        Err(e) => database_error(&e, card.database()),
     }
 }
 
@@ -347,8 +347,9 @@ fn not_found() -> Response {
 /// A database error. One a retry can fix (the database unreachable, restarting or out of
 /// connections) is a 503 with `Retry-After`, like idem's own `store-unavailable`; any other is a 500.
 /// Both release the idempotency key, so the client's retry runs again: safe here because the charge
-/// is deduplicated by the network and the payment by its charge.
-fn database_error(error: &sqlx::Error) -> Response {
+/// is deduplicated by the network and the payment by its charge. `db` tells a busy pool (every
+/// connection open and in use) from an unreachable database (a pool that could not open one).
+fn database_error(error: &sqlx::Error, db: &Database) -> Response {
     use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
     let transient = match error {
         sqlx::Error::Io(_)
@@ -366,7 +367,7 @@ fn database_error(error: &sqlx::Error) -> Response {
     if transient {
         // A pool with every connection in use is busy, not down: the database answers, later.
         let (kind, title, detail) = match error {
-            sqlx::Error::PoolTimedOut => (
+            sqlx::Error::PoolTimedOut if db.is_full() => (
                 "database-busy",
                 "Database busy",
                 "Every connection to the payments database is in use.",

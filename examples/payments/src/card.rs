@@ -46,6 +46,11 @@ impl CardNetwork {
         Self { db, latency }
     }
 
+    /// The database the network keeps its charges in.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
     /// Charges `amount` to `owner`'s card under `idempotency_key`; returns the charge's id, the same
     /// for every call with that key.
     pub async fn charge(

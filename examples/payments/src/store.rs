@@ -25,7 +25,7 @@ use std::time::Duration;
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Redis expires records by itself (each carries a TTL); the sweeper there only catches records whose
-/// TTL ran longer than the engine's clock says, and each sweep scans the keyspace, so it runs rarely.
+/// TTL outlived their retention, and each sweep scans the keyspace, so it runs rarely.
 const REDIS_SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// The idempotency store, and the sweeper that purges it.

@@ -89,6 +89,18 @@ async fn the_services_own_database_going_away_is_a_503_that_a_retry_fixes() {
         "urn:payments:problem:database-unavailable"
     );
     assert_eq!(reply.header("retry-after"), Some("1"));
+    // The server down (connecting refused): the pool waits for a connection it cannot open, until
+    // its acquire timeout. The database is unreachable, not busy.
+    proxy.go_down();
+    let reply = create(&client, &instance, &user, "k2", KRW_1000).await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(
+        reply.json()["type"],
+        "urn:payments:problem:database-unavailable",
+        "{}",
+        reply.body
+    );
+    proxy.come_back().await;
 
     proxy.restore();
     // The 503 released the key: the retry runs, once, and is then replayed.

@@ -8,6 +8,7 @@ mod client_hangs_up;
 mod concurrent_payments;
 mod hostile_network;
 mod killed_mid_flight;
+mod long_user_ids;
 mod many_instances;
 mod metrics;
 mod sigterm;

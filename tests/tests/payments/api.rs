@@ -1,6 +1,7 @@
 //! The payments example's contract, driven in process.
 
 use crate::payments_support::*;
+use std::time::Duration;
 
 #[tokio::test]
 async fn create_answers_201_with_location_and_a_retry_replays_it() {
@@ -246,6 +247,29 @@ async fn legacy_double_taps_make_one_payment() {
     )
     .await;
     assert_eq!(list(&app, "alice").await.len(), 3);
+}
+
+/// A keyless payment sent again after its derive window is a new payment, and a new charge at the
+/// card network: its downstream key names the new record, so the network does not answer with the
+/// first charge (it would have, were the key built from the key text alone).
+#[tokio::test]
+async fn a_legacy_payment_after_its_window_is_a_second_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = idem_runtime::clock::ManualClock::new(idem_runtime::clock::Timestamp::from_millis(
+        1_800_000_000_000,
+    ));
+    let app = start_on_clock(dir.path(), clock.clone()).await;
+    let first = send(&app, post("/legacy/payments", Some("dana"), None, KRW_1000)).await;
+    assert_eq!(first.status, 201);
+    clock.advance(Duration::from_secs(11)); // past the 10 s derive window
+    let again = send(&app, post("/legacy/payments", Some("dana"), None, KRW_1000)).await;
+    assert_eq!(again.status, 201);
+    assert!(!again.replayed(), "a new request after the window");
+    assert_ne!(again.json()["id"], first.json()["id"], "a second payment");
+    let charges = charges(&app, "dana").await;
+    assert_eq!(charges.len(), 2, "two charges at the network: {charges:?}");
+    assert!(charges.iter().all(|c| c["attempts"] == 1), "{charges:?}");
+    assert_eq!(list(&app, "dana").await.len(), 2);
 }
 
 #[tokio::test]

@@ -98,3 +98,27 @@ pub async fn list(router: &Router, user: &str) -> Vec<serde_json::Value> {
     assert_eq!(reply.status, 200);
     reply.json().as_array().unwrap().clone()
 }
+
+/// The charges the card network made for the caller, from `GET /charges`.
+pub async fn charges(router: &Router, user: &str) -> Vec<serde_json::Value> {
+    let reply = send(router, get("/charges", Some(user))).await;
+    assert_eq!(reply.status, 200);
+    reply.json().as_array().unwrap().clone()
+}
+
+/// The example on a fresh SQLite ledger under `dir`, its records in a memory store that judges time
+/// by `clock`.
+pub async fn start_on_clock(dir: &Path, clock: idem_runtime::clock::ManualClock) -> Router {
+    let ledger = payments::ledger::Ledger::open(&database_url(dir))
+        .await
+        .unwrap();
+    let store = idem_runtime::store::memory::MemoryStore::new().with_clock(clock);
+    let card = payments::card::CardNetwork::new(ledger.database().clone(), Duration::ZERO);
+    payments::router(payments::AppState {
+        engine: idem_runtime::Engine::new(store),
+        ledger,
+        card,
+        background: payments::Background::default(),
+        transactional: None,
+    })
+}

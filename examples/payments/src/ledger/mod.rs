@@ -50,6 +50,18 @@ pub enum Database {
     Postgres(PgPool),
 }
 
+impl Database {
+    /// Whether the pool has every connection it may open: a request that then times out waiting
+    /// for one met a busy database; one that times out below that met a database the pool could
+    /// not reach.
+    pub fn is_full(&self) -> bool {
+        match self {
+            Database::Sqlite(pool) => pool.size() >= pool.options().get_max_connections(),
+            Database::Postgres(pool) => pool.size() >= pool.options().get_max_connections(),
+        }
+    }
+}
+
 /// The ledger over a pool.
 #[derive(Debug, Clone)]
 pub struct Ledger {

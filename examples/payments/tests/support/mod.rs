@@ -567,6 +567,7 @@ pub(crate) struct Stores {
     _dir: tempfile::TempDir,
     _db: Option<idem_tests::services::TestDb>,
     _redis: Option<idem_tests::services::RedisPrefix>,
+    _cluster: Option<idem_tests::services::RedisClusterPrefix>,
 }
 
 impl Stores {
@@ -600,6 +601,32 @@ impl Stores {
         stores
     }
 
+    /// Ledger in PostgreSQL, records in the same database through a store of their own
+    /// (`IDEM_STORE_URL`): the records mode, not transactional.
+    pub(crate) async fn postgres_records() -> Self {
+        let db = idem_tests::services::TestDb::create().await;
+        let env = vec![("DATABASE_URL", db.url()), ("IDEM_STORE_URL", db.url())];
+        let mut stores = Self::new(env, tempdir());
+        stores._db = Some(db);
+        stores
+    }
+
+    /// Ledger in SQLite, records on the Redis Cluster under a fresh prefix.
+    pub(crate) async fn redis_cluster_records() -> Self {
+        let cluster = idem_tests::services::RedisClusterPrefix::create().await;
+        let dir = tempdir();
+        let env = vec![
+            ("DATABASE_URL", sqlite_url(&dir)),
+            (
+                "IDEM_STORE_URL",
+                redis_store_url(cluster.url(), cluster.prefix()),
+            ),
+        ];
+        let mut stores = Self::new(env, dir);
+        stores._cluster = Some(cluster);
+        stores
+    }
+
     /// Ledger in SQLite, records in the process's memory (forgotten when it stops).
     pub(crate) async fn memory() -> Self {
         let dir = tempdir();
@@ -616,6 +643,7 @@ impl Stores {
             _dir: dir,
             _db: None,
             _redis: None,
+            _cluster: None,
         }
     }
 
