@@ -293,6 +293,7 @@ impl Engine {
             return self.call("claim", self.inner.store.claim(claim)).await;
         };
         let (store, key) = (self.inner.store.clone(), claim.key.clone());
+        let tasks = self.inner.tasks.clone();
         let Claim {
             fingerprint,
             token,
@@ -301,7 +302,8 @@ impl Engine {
             retain,
             ..
         } = *claim;
-        let (reply, answer) = tokio::sync::oneshot::channel();
+        let (reply, answer) =
+            tokio::sync::oneshot::channel::<(Result<ClaimOutcome, StoreError>, Handoff)>();
         let work = async move {
             let claim = Claim {
                 key: &key,
@@ -312,22 +314,27 @@ impl Engine {
                 retain,
             };
             let outcome = store.claim(&claim).await;
-            // Nobody runs a claim that failed (it may have landed all the same, its answer lost on
-            // the way back) or whose request is gone: give it back, fenced by its token, so a claim
-            // that did not land changes nothing. A failed one before the request hears of it, so
-            // that its retry finds the key free.
+            // A claim that failed may have landed all the same (its answer lost on the way back):
+            // nobody runs it, so give it back, fenced by its token (a claim that did not land
+            // changes nothing), before the request hears of it, so that its retry finds the key free.
             if outcome.is_err() {
                 give_back(store.as_ref(), &key, token, false).await;
             }
-            if let Err(Ok(ClaimOutcome::Claimed(_))) = reply.send(outcome) {
-                give_back(store.as_ref(), &key, token, true).await;
-            }
+            // A winning claim travels with a handoff that gives it back if nobody takes it: its
+            // request may be gone before the answer is sent, or after, with the answer unread.
+            let won = matches!(outcome, Ok(ClaimOutcome::Claimed(_)));
+            let handoff = Handoff(won.then(|| (store, key, token, tasks)));
+            let _ = reply.send((outcome, handoff));
         };
         self.inner.tasks.spawn_on(work, &runtime);
         let answer = async {
-            answer
-                .await
-                .unwrap_or_else(|_| Err(StoreError::unavailable("the claim's task stopped")))
+            match answer.await {
+                Ok((outcome, handoff)) => {
+                    handoff.taken();
+                    outcome
+                }
+                Err(_) => Err(StoreError::unavailable("the claim's task stopped")),
+            }
         };
         self.call("claim", answer).await
     }
@@ -453,6 +460,29 @@ impl Engine {
             self.inner.metrics.waited(policy.handler, waited);
         }
         decided
+    }
+}
+
+/// A won claim on its way to its request: dropped without [`taken`](Self::taken) (its request went
+/// away, before or after the answer was sent), it gives the claim back in the background.
+struct Handoff(Option<(Arc<dyn Store>, RecordKey, FencingToken, TaskTracker)>);
+
+impl Handoff {
+    /// The request has the claim: nothing to give back.
+    fn taken(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        let Some((store, key, token, tasks)) = self.0.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let work = async move { give_back(store.as_ref(), &key, token, true).await };
+            tasks.spawn_on(work, &runtime);
+        }
     }
 }
 
