@@ -1,5 +1,5 @@
 //! What README.md's examples share and do not show: a caller, a request and a response type, a
-//! policy and a card network. README.md is compiled as this crate's doctests (see [`Readme`]),
+//! policy and a card network. README.md is compiled as this crate's doctests (see `Readme`),
 //! so each of its Rust blocks imports these in one hidden line.
 
 use axum::extract::FromRequestParts;
