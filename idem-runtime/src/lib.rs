@@ -4,6 +4,41 @@
 //! answer was lost, so it retries with the same `Idempotency-Key`. idem recognises the retry: the
 //! handler runs once, its response is stored, and every retry gets the stored response.
 //!
+//! A complete service (with the default features, `axum` and `sqlite`):
+//!
+//! ```no_run
+//! use axum::{extract::FromRef, http::StatusCode, routing::post, Json, Router};
+//! use idem_runtime::{idempotent, store::sqlite::SqliteStore, Engine};
+//! use serde_json::Value;
+//!
+//! /// The router state: `#[idempotent]` takes the engine from it.
+//! #[derive(Clone, FromRef)]
+//! struct App {
+//!     engine: Engine,
+//! }
+//!
+//! /// Runs once per `Idempotency-Key`: every retry gets this 201 back, marked
+//! /// `Idempotency-Replayed: true`. (`"global"`: one caller; a service with users names the
+//! /// parameter that identifies the caller: see `idem_runtime::axum::Scope`.)
+//! #[idempotent(scope = "global")]
+//! async fn create_order(Json(order): Json<Value>) -> (StatusCode, Json<Value>) {
+//!     (StatusCode::CREATED, Json(order))
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let engine = Engine::new(SqliteStore::connect("sqlite://idem.db?mode=rwc").await?);
+//!     let app = Router::new()
+//!         .route("/orders", post(create_order))
+//!         .with_state(App { engine });
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! What is in the crate:
+//!
 //! - [`Engine`] is the claim / replay state machine, usable by hand.
 //! - [`store`] holds the storage contract and its backends (memory, SQLite, PostgreSQL, Redis).
 //! - [`Policy`] states ttl, lease, wait, what to do without a key, and what a replay returns.

@@ -33,7 +33,7 @@
 //! | `key_derived` | a key was derived from a request without one (`missing_key = "derive"`) |
 //! | `malformed_key` | the key was malformed or repeated (400) |
 //!
-//! [`describe`] gives each metric its help text in the installed recorder.
+//! `describe()` (feature `metrics`) gives each metric its help text in the installed recorder.
 
 // Without the `metrics` feature, the labels and durations are only for the facade.
 #![cfg_attr(not(feature = "metrics"), allow(unused_variables))]

@@ -149,11 +149,21 @@ pub fn key_parameter(policy: &Policy) -> Parameter {
         "server_errors": format!("{:?}", policy.server_errors).to_lowercase(), "max_request_body": policy.max_request_body,
     });
     let description = format!("A unique key for this request (a UUID, say), sent again unchanged when the request is retried: a retry gets the first request's stored response instead of running again. 1 to 255 visible ASCII characters, bare or as a quoted string (quote a key that contains a comma). {without} Expiry: a response is replayed for {ttl} after the first request; after that, and until {retain} after it, the key answers 410 and is not run again.");
-    let schema = json!({"type": "string", "minLength": 1, "maxLength": 257, "pattern": "^[!-~]+$"});
+    let schema = json!({"type": "string", "minLength": 1, "maxLength": KEY_MAX_LENGTH, "pattern": KEY_PATTERN});
     let parameter = json!({"name": "Idempotency-Key", "in": "header", "required": required,
         "description": description, "schema": schema, "example": "8e03978e-40d5-43e8-bc93-6894a57f9324", EXTENSION: extension});
     serde_json::from_value(parameter).expect("the parameter is well-formed")
 }
+
+/// The `Idempotency-Key` values idem accepts ([`IdempotencyKey::parse`](crate::IdempotencyKey::parse)),
+/// as an ECMA-262 regular expression: 1 to 255 visible ASCII characters bare (no comma, not
+/// starting with `"`), or the same between double quotes, where `"` and `\` are escaped with `\`
+/// (an RFC 8941 string). A header's surrounding spaces are not part of its value.
+pub const KEY_PATTERN: &str =
+    r#"^(?:[!#-+\--~][!-+\--~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#;
+
+/// The longest value [`KEY_PATTERN`] admits: 255 escaped characters between quotes.
+pub const KEY_MAX_LENGTH: usize = 2 + 2 * crate::key::MAX_KEY_LEN;
 
 /// The replay headers on the handler's own responses (those idem stores), then idem's problems.
 fn document(responses: &mut Map<String, Value>, policy: &Value) {

@@ -127,7 +127,12 @@ fn the_key_header_states_the_final_policy() {
     assert_eq!(key["x-idem"]["ttl_ms"], 3_600_000);
     assert_eq!(key["x-idem"]["retain_ms"], 30 * 86_400_000u64);
     assert_eq!(key["x-idem"]["max_request_body"], 4096);
-    assert_eq!(key["schema"]["maxLength"], 257);
+    // Exactly the keys idem accepts (tests/tests/http/key_schema.rs checks the pattern).
+    assert_eq!(
+        key["schema"]["maxLength"],
+        idem_runtime::openapi::KEY_MAX_LENGTH
+    );
+    assert_eq!(key["schema"]["pattern"], idem_runtime::openapi::KEY_PATTERN);
     // The handler's own parameter is kept.
     let params = create["parameters"].as_array().unwrap();
     assert!(params

@@ -2,5 +2,8 @@
 //! reaching the PostgreSQL and Redis services the tests need.
 
 pub mod conformance;
+pub mod local_cluster;
 pub mod proxy;
+#[doc(hidden)]
+pub mod readme;
 pub mod services;

@@ -1,8 +1,10 @@
 //! Where the shared services are, and what a test does when one is not there.
 //!
-//! Tests read `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL` and `IDEM_TEST_REDIS_CLUSTER_URL`,
-//! defaulting to the local services the development and CI machines run. A test whose service is
-//! unreachable fails, saying how to start it. To run without a service, name it in `IDEM_TEST_SKIP`
+//! Tests read `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local services
+//! the development and CI machines run. The Redis Cluster is `IDEM_TEST_REDIS_CLUSTER_URL` if set;
+//! otherwise each test binary starts one of its own from the same `redis-server`, on free ports, and
+//! stops it when it exits (see [`crate::local_cluster`]). A test whose service is unreachable (or
+//! whose cluster cannot be started) fails, saying how to start it. To run without a service, name it in `IDEM_TEST_SKIP`
 //! (`postgres`, `redis`, `redis-cluster`): the
 //! tests that need it are then ignored, with the reason, and counted as such in `cargo test`'s
 //! summary (see `tests/build.rs`); under `CI=true` nothing is skipped.
@@ -27,11 +29,23 @@ pub fn redis_url() -> String {
 }
 
 /// The Redis Cluster for tests, `redis-cluster://host:port[,host:port…]` (seed nodes; the form
-/// the payments example's `IDEM_STORE_URL` takes). `.ci/redis-cluster start` runs one on 7000-7005.
+/// the payments example's `IDEM_STORE_URL` takes): `IDEM_TEST_REDIS_CLUSTER_URL` if set, else the
+/// test binary's own cluster, started by the first call (it blocks meanwhile). Fails the test,
+/// saying what to do, if that cluster cannot be started.
 pub fn redis_cluster_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
-        "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned()
-    })
+    if let Ok(url) = std::env::var("IDEM_TEST_REDIS_CLUSTER_URL") {
+        return url;
+    }
+    match crate::local_cluster::shared() {
+        Ok(cluster) => cluster.url(),
+        Err(e) => panic!(
+            "could not start a Redis Cluster for the tests: {e}\n\
+             The tests start one from redis-server and redis-cli (Debian: apt-get install \
+             redis-server); or point IDEM_TEST_REDIS_CLUSTER_URL at a running one, or run the \
+             tests without it:\n    IDEM_TEST_SKIP=redis-cluster cargo test --workspace\n\
+             (the tests that need it are then reported as ignored; with CI=true none are)"
+        ),
+    }
 }
 
 /// The seed nodes of a `redis-cluster://host:port[,host:port…][?…]` URL, as `redis://` URLs.
@@ -73,7 +87,7 @@ const REDIS: Service = Service {
 const REDIS_CLUSTER: Service = Service {
     name: "Redis Cluster",
     url_var: "IDEM_TEST_REDIS_CLUSTER_URL",
-    start: ".ci/redis-cluster start",
+    start: "unset IDEM_TEST_REDIS_CLUSTER_URL   # the tests then start a cluster of their own",
     skip: "redis-cluster",
 };
 
@@ -300,7 +314,9 @@ impl RedisClusterPrefix {
     /// A new prefix, `idem-test-<uuid>`; fails the test, saying how to start the cluster, if it is
     /// unreachable or not serving every slot.
     pub async fn create() -> Self {
-        let url = redis_cluster_url();
+        let url = tokio::task::spawn_blocking(redis_cluster_url)
+            .await
+            .expect("join");
         let seeds = cluster_seeds(&url);
         let reachable = tokio::task::spawn_blocking(move || cluster_primaries(&seeds))
             .await

@@ -4,6 +4,7 @@
 use crate::auth::AuthUser;
 use crate::card::{CardNetwork, Charge};
 use crate::ledger::{Database, Ledger, Payment};
+use crate::problem::{self, Problem};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
@@ -16,14 +17,22 @@ use idem_runtime::{idempotent, Policy, Tx};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// A payment request: a JSON object `{"amount": 1000, "currency": "KRW"}`.
+/// A payment request: a JSON object `{"amount": 1000, "currency": "KRW"}`. Other members are
+/// ignored.
 #[derive(Debug, utoipa::ToSchema)]
 pub(crate) struct NewPayment {
-    /// In the currency's minor unit; positive.
+    /// In the currency's minor unit: a whole number from 1 to 2^53 - 1 (the integers every JSON
+    /// parser reads exactly).
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     amount: i64,
-    /// ISO 4217 code, such as `KRW`.
+    /// ISO 4217 code: three capital letters, such as `KRW`.
+    #[schema(pattern = "^[A-Z]{3}$", min_length = 3, max_length = 3)]
     currency: String,
 }
+
+/// The largest amount taken: 2^53 - 1, the largest integer that every JSON parser reads exactly
+/// (RFC 7493).
+const MAX_AMOUNT: i64 = (1 << 53) - 1;
 
 /// An error the API answers itself: `{"error": "..."}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -34,16 +43,30 @@ pub(crate) struct ApiError {
 
 /// Only the object form. serde's derive would also take the sequence form, `[1000, "KRW"]`, which
 /// no client of this API means to send: it is refused (422) like any other malformed body.
+///
+/// `amount` is a JSON integer as JSON Schema counts them, which the API document promises: `1000`,
+/// and also `1000.0` or `1e3`, a number whose fraction is zero. An integral number beyond `i64`
+/// saturates, so that it is refused as out of range like any amount above the maximum.
 impl<'de> Deserialize<'de> for NewPayment {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         struct Fields {
-            amount: i64,
+            amount: serde_json::Number,
             currency: String,
         }
         let object = serde_json::Map::deserialize(deserializer)?;
         let Fields { amount, currency } = Fields::deserialize(serde_json::Value::Object(object))
             .map_err(serde::de::Error::custom)?;
+        let amount = match (amount.as_i64(), amount.as_f64()) {
+            (Some(whole), _) => whole,
+            // `as` saturates at i64's bounds.
+            (None, Some(number)) if number.fract() == 0.0 => number as i64,
+            _ => {
+                return Err(serde::de::Error::custom(format!(
+                    "invalid type: `amount` must be a whole number, not {amount}"
+                )))
+            }
+        };
         Ok(Self { amount, currency })
     }
 }
@@ -72,19 +95,36 @@ const PAYMENTS: Policy = Policy::new()
     responses(
         (status = 201, description = "The payment, captured", body = Payment,
             headers(("Location" = String, description = "`/payments/{id}`"))),
-        (status = 401, description = "No bearer token"),
-        (status = 422, description = "The amount or the currency is invalid", body = ApiError),
-        (status = 503, description = "The payments database could not be reached (`urn:payments:problem:database-unavailable`), or its pool had no free connection (`urn:payments:problem:database-busy`): retry with the same key after `Retry-After`"),
+        (status = 400, description = BAD_BODY, body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = UNAUTHORIZED, body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 415, description = UNSUPPORTED, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = INVALID, content(
+            (ApiError = "application/json"),
+            (Problem = "application/problem+json"))),
+        (status = 500, description = INTERNAL, body = ApiError),
+        (status = 503, description = DATABASE_DOWN, body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying with the same key."))),
     ),
 )]
 pub(crate) async fn create_payment(
     State(app): State<AppState>,
     user: AuthUser,
     attempt: Attempt,
-    Json(req): Json<NewPayment>,
+    problem::Json(req): problem::Json<NewPayment>,
 ) -> Response {
     capture(&app, &user, &attempt, &req).await
 }
+
+/// The descriptions of the responses the payment endpoints share.
+const BAD_BODY: &str = "The body is not JSON (`urn:payments:problem:malformed-body`), or could not be read (`urn:payments:problem:unreadable-body`)";
+const UNAUTHORIZED: &str =
+    "No bearer token, or one that names no user (`urn:payments:problem:unauthorized`)";
+const UNSUPPORTED: &str = "The body was sent without `Content-Type: application/json` (`urn:payments:problem:unsupported-media-type`)";
+const INVALID: &str = "The body is JSON but not a payment request (`urn:payments:problem:invalid-body`, as a problem), or its amount or currency is out of range (`{\"error\": ...}`, stored and replayed like a 201)";
+const INTERNAL: &str = "The payments database failed in a way a retry cannot fix";
+const DATABASE_DOWN_READ: &str = "The payments database could not be reached (`urn:payments:problem:database-unavailable`), or its pool had no free connection (`urn:payments:problem:database-busy`): retry after `Retry-After`";
+const DATABASE_DOWN: &str = "The payments database could not be reached (`urn:payments:problem:database-unavailable`), or its pool had no free connection (`urn:payments:problem:database-busy`): retry with the same key after `Retry-After`";
 
 /// Charges the card, then records the payment (once per charge).
 async fn capture(app: &AppState, user: &AuthUser, attempt: &Attempt, req: &NewPayment) -> Response {
@@ -112,7 +152,7 @@ pub(crate) async fn create_payment_in_sqlite(
     user: AuthUser,
     attempt: Attempt,
     mut tx: Tx<Sqlite>,
-    Json(req): Json<NewPayment>,
+    problem::Json(req): problem::Json<NewPayment>,
 ) -> Response {
     let charge_id = match charge(&app, &user, &attempt, &req).await {
         Ok(charge_id) => charge_id,
@@ -136,7 +176,7 @@ pub(crate) async fn create_payment_in_postgres(
     user: AuthUser,
     attempt: Attempt,
     mut tx: Tx<Postgres>,
-    Json(req): Json<NewPayment>,
+    problem::Json(req): problem::Json<NewPayment>,
 ) -> Response {
     let charge_id = match charge(&app, &user, &attempt, &req).await {
         Ok(charge_id) => charge_id,
@@ -161,8 +201,10 @@ async fn charge(
     attempt: &Attempt,
     req: &NewPayment,
 ) -> Result<String, Response> {
-    if req.amount <= 0 {
-        return Err(invalid("`amount` must be a positive number of minor units"));
+    if !(1..=MAX_AMOUNT).contains(&req.amount) {
+        return Err(invalid(
+            "`amount` must be a whole number of minor units from 1 to 2^53 - 1",
+        ));
     }
     if req.currency.len() != 3 || !req.currency.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(invalid(
@@ -195,16 +237,23 @@ async fn charge(
     responses(
         (status = 201, description = "The payment, captured", body = Payment,
             headers(("Location" = String, description = "`/payments/{id}`"))),
-        (status = 401, description = "No bearer token"),
-        (status = 422, description = "The amount or the currency is invalid", body = ApiError),
-        (status = 503, description = "The payments database could not be reached: retry after `Retry-After`"),
+        (status = 400, description = BAD_BODY, body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = UNAUTHORIZED, body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 415, description = UNSUPPORTED, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = INVALID, content(
+            (ApiError = "application/json"),
+            (Problem = "application/problem+json"))),
+        (status = 500, description = INTERNAL, body = ApiError),
+        (status = 503, description = DATABASE_DOWN, body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying with the same key."))),
     ),
 )]
 pub(crate) async fn create_legacy_payment(
     State(app): State<AppState>,
     user: AuthUser,
     attempt: Attempt,
-    Json(req): Json<NewPayment>,
+    problem::Json(req): problem::Json<NewPayment>,
 ) -> Response {
     capture(&app, &user, &attempt, &req).await
 }
@@ -239,9 +288,12 @@ impl utoipa::IntoParams for RefundKey {
     params(("id" = String, Path, description = "The payment's id"), RefundKey),
     responses(
         (status = 200, description = "The payment, refunded", body = Payment),
-        (status = 401, description = "No bearer token"),
+        (status = 401, description = UNAUTHORIZED, body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 404, description = "No such payment of the caller's", body = ApiError),
-        (status = 503, description = "The payments database could not be reached: retry with the same key after `Retry-After`"),
+        (status = 500, description = INTERNAL, body = ApiError),
+        (status = 503, description = DATABASE_DOWN, body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying with the same key."))),
     ),
 )]
 pub(crate) async fn refund_payment(
@@ -273,7 +325,11 @@ pub(crate) async fn refund_payment(
     tag = "payments",
     responses(
         (status = 200, description = "The caller's payments", body = Vec<Payment>),
-        (status = 401, description = "No bearer token"),
+        (status = 401, description = UNAUTHORIZED, body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 500, description = INTERNAL, body = ApiError),
+        (status = 503, description = DATABASE_DOWN_READ, body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying."))),
     ),
 )]
 pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) -> Response {
@@ -291,8 +347,12 @@ pub(crate) async fn list_payments(State(ledger): State<Ledger>, user: AuthUser) 
     params(("id" = String, Path, description = "The payment's id")),
     responses(
         (status = 200, description = "The payment", body = Payment),
-        (status = 401, description = "No bearer token"),
+        (status = 401, description = UNAUTHORIZED, body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 404, description = "No such payment of the caller's", body = ApiError),
+        (status = 500, description = INTERNAL, body = ApiError),
+        (status = 503, description = DATABASE_DOWN_READ, body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying."))),
     ),
 )]
 pub(crate) async fn get_payment(
@@ -316,7 +376,11 @@ pub(crate) async fn get_payment(
     tag = "card network",
     responses(
         (status = 200, description = "The caller's charges", body = Vec<Charge>),
-        (status = 401, description = "No bearer token"),
+        (status = 401, description = UNAUTHORIZED, body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 500, description = INTERNAL, body = ApiError),
+        (status = 503, description = DATABASE_DOWN_READ, body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying."))),
     ),
 )]
 pub(crate) async fn list_charges(State(card): State<CardNetwork>, user: AuthUser) -> Response {
@@ -350,7 +414,6 @@ fn not_found() -> Response {
 /// is deduplicated by the network and the payment by its charge. `db` tells a busy pool (every
 /// connection open and in use) from an unreachable database (a pool that could not open one).
 fn database_error(error: &sqlx::Error, db: &Database) -> Response {
-    use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
     let transient = match error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -368,31 +431,21 @@ fn database_error(error: &sqlx::Error, db: &Database) -> Response {
         // A pool with every connection in use is busy, not down: the database answers, later.
         let (kind, title, detail) = match error {
             sqlx::Error::PoolTimedOut if db.is_full() => (
-                "database-busy",
+                "urn:payments:problem:database-busy",
                 "Database busy",
                 "Every connection to the payments database is in use.",
             ),
             _ => (
-                "database-unavailable",
+                "urn:payments:problem:database-unavailable",
                 "Database unavailable",
                 "The payments database could not be reached.",
             ),
         };
-        let problem = serde_json::json!({
-            "type": format!("urn:payments:problem:{kind}"),
-            "title": title,
-            "status": 503,
-            "detail": format!("{detail} Retry with the same Idempotency-Key after Retry-After seconds."),
-        });
-        let headers = [
-            (CONTENT_TYPE, "application/problem+json"),
-            (RETRY_AFTER, "1"),
-        ];
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            headers,
-            problem.to_string(),
-        )
+        return Problem::new(StatusCode::SERVICE_UNAVAILABLE, kind, title)
+            .detail(format!(
+                "{detail} Retry with the same Idempotency-Key after Retry-After seconds."
+            ))
+            .retry_after(1)
             .into_response();
     }
     api_error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")

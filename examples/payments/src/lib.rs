@@ -49,6 +49,7 @@ pub mod auth;
 pub mod card;
 pub mod ledger;
 pub mod metrics;
+mod problem;
 pub mod serve;
 pub mod store;
 
@@ -354,7 +355,10 @@ impl Modify for BearerAuth {
     fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
         let bearer = HttpBuilder::new()
             .scheme(HttpAuthScheme::Bearer)
-            .description(Some("Demo auth: the token is the user id."));
+            .bearer_format("user id")
+            .description(Some(
+                "Demo auth: the token is the user id, 1 to 64 of a-z, 0-9, - and _.",
+            ));
         let components = api.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(bearer.build()));
     }

@@ -4,7 +4,8 @@
 //! confirm them.
 //!
 //! Every backend instance (one per case) uses a fresh key prefix on the cluster at
-//! `IDEM_TEST_REDIS_CLUSTER_URL` (`.ci/redis-cluster start` runs one) and deletes its keys when
+//! `IDEM_TEST_REDIS_CLUSTER_URL`, or on the test binary's own (started by the first case that needs it:
+//! `idem_tests::local_cluster`), and deletes its keys when
 //! dropped, also when the case fails.
 
 use idem_runtime::clock::Clock;

@@ -7,21 +7,19 @@
 //! printed: replication is asynchronous, so whatever the primary had not yet sent its replica when
 //! it died is lost, and how much that is depends on the moment of the kill.
 //!
-//! The test runs a cluster of its own (`.ci/redis-cluster start 7100`, ports 7100-7105), since it
-//! kills its nodes, and stops it at the end. After each promotion it restarts the killed node,
+//! The test runs a cluster of its own ([`LocalCluster`], on free ports), since it kills its nodes,
+//! and stops it at the end. After each promotion it restarts the killed node,
 //! which rejoins as the new primary's replica (until then, with the option on, that primary can
 //! confirm nothing).
 
 use idem_runtime::store::redis::RedisClusterStore;
 use idem_runtime::{Begin, Engine, Policy, RecordKey, RecordState, Rejection, StoredResponse};
+use idem_tests::local_cluster::LocalCluster;
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const FIRST_PORT: u16 = 7100;
 /// Concurrent clients; each sends every one of its keys to both instances at once.
 const CLIENTS: usize = 12;
 /// Keys answered before the kill, and after the promoted primary has a replica again.
@@ -31,35 +29,21 @@ const KEYS_AFTER: usize = 150;
 /// a pass.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.ci/redis-cluster")
-}
-
-/// The test's own cluster, stopped when dropped (also when the test fails).
-struct OwnCluster;
+/// The test's own cluster (it kills its nodes, so it shares it with no other test), stopped when
+/// dropped, also when the test fails.
+#[derive(Clone)]
+struct OwnCluster(Arc<LocalCluster>);
 
 impl OwnCluster {
     fn start() -> Self {
-        let _ = Command::new(script())
-            .args(["stop", &FIRST_PORT.to_string()])
-            .output();
-        let started = Command::new(script())
-            .args(["start", &FIRST_PORT.to_string()])
-            .output()
-            .expect("run .ci/redis-cluster (needs redis-server and redis-cli)");
-        assert!(
-            started.status.success(),
-            "could not start the test's cluster: {}{}",
-            String::from_utf8_lossy(&started.stdout),
-            String::from_utf8_lossy(&started.stderr)
-        );
-        Self
+        match LocalCluster::start() {
+            Ok(cluster) => Self(Arc::new(cluster)),
+            Err(e) => panic!("could not start the test's cluster: {e}"),
+        }
     }
 
-    fn seeds() -> Vec<String> {
-        (FIRST_PORT..FIRST_PORT + 6)
-            .map(|port| format!("redis://127.0.0.1:{port}"))
-            .collect()
+    fn seeds(&self) -> Vec<String> {
+        self.0.seeds()
     }
 
     /// `CLUSTER NODES` as seen from `port`: (id, port, flags, primary id) per node.
@@ -85,8 +69,9 @@ impl OwnCluster {
     }
 
     /// Kills the primary with the lowest port (SIGKILL), and returns its port and its replica's.
-    fn kill_a_primary() -> (u16, u16) {
-        let nodes = Self::nodes(FIRST_PORT + 5).expect("cluster nodes");
+    fn kill_a_primary(&self) -> (u16, u16) {
+        let last = self.0.ports().last().expect("six nodes");
+        let nodes = Self::nodes(last).expect("cluster nodes");
         let (id, port, ..) = nodes
             .iter()
             .filter(|(_, _, flags, _)| flags.contains("master") && !flags.contains("fail"))
@@ -98,15 +83,9 @@ impl OwnCluster {
             .find(|(.., primary)| *primary == id)
             .expect("the primary has a replica")
             .1;
-        let pidfile = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
-            "../target/redis-cluster/{FIRST_PORT}/redis-{port}.pid"
-        ));
-        let pid = std::fs::read_to_string(&pidfile).expect("the node's pid file");
-        let killed = Command::new("kill")
-            .args(["-9", pid.trim()])
-            .status()
-            .expect("kill");
-        assert!(killed.success(), "kill -9 {pid}");
+        if let Err(e) = self.0.kill(port) {
+            panic!("{e}");
+        }
         (port, replica)
     }
 
@@ -128,12 +107,10 @@ impl OwnCluster {
     }
 
     /// Restarts the killed node and polls until the new primary has it as an online replica.
-    fn revive(killed: u16, primary: u16) {
-        let revived = Command::new(script())
-            .args(["revive", &FIRST_PORT.to_string(), &killed.to_string()])
-            .status()
-            .expect("revive");
-        assert!(revived.success());
+    fn revive(&self, killed: u16, primary: u16) {
+        if let Err(e) = self.0.revive(killed) {
+            panic!("{e}");
+        }
         let deadline = Instant::now() + PATIENCE;
         while Instant::now() < deadline {
             if Self::info(primary, "replication", "slave0").contains("state=online") {
@@ -161,14 +138,6 @@ impl OwnCluster {
             .unwrap_or_default()
             .trim()
             .to_owned()
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        let _ = Command::new(script())
-            .args(["stop", &FIRST_PORT.to_string()])
-            .output();
     }
 }
 
@@ -244,10 +213,10 @@ async fn request(engine: &Engine, scope: &str, k: usize, ledger: &Mutex<Ledger>)
 
 /// Runs the load on two instances, kills a primary after `KEYS_BEFORE` keys, waits for the
 /// promotion, revives the killed node, lets `KEYS_AFTER` more keys through, and counts.
-async fn run(durable: bool) -> (usize, usize, usize) {
+async fn run(cluster: &OwnCluster, durable: bool) -> (usize, usize, usize) {
     let scope = format!("failover-{}", uuid::Uuid::new_v4());
     let store = || async {
-        let builder = RedisClusterStore::builder(OwnCluster::seeds()).prefix("failover");
+        let builder = RedisClusterStore::builder(cluster.seeds()).prefix("failover");
         let builder = match durable {
             true => builder.wait_for_replicas(1, Duration::from_millis(500)),
             false => builder,
@@ -294,11 +263,12 @@ async fn run(durable: bool) -> (usize, usize, usize) {
     };
 
     until(KEYS_BEFORE).await;
-    let (killed, replica) = OwnCluster::kill_a_primary();
+    let (killed, replica) = cluster.kill_a_primary();
     tokio::task::spawn_blocking(move || OwnCluster::await_promotion(replica))
         .await
         .expect("join");
-    tokio::task::spawn_blocking(move || OwnCluster::revive(killed, replica))
+    let reviver = cluster.clone();
+    tokio::task::spawn_blocking(move || reviver.revive(killed, replica))
         .await
         .expect("join");
     let now = answered.load(Ordering::Relaxed);
@@ -345,15 +315,15 @@ async fn run(durable: bool) -> (usize, usize, usize) {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_under_load_loses_nothing_when_claims_wait_for_a_replica() {
-    let _cluster = tokio::task::spawn_blocking(OwnCluster::start)
+    let cluster = tokio::task::spawn_blocking(OwnCluster::start)
         .await
         .expect("join");
-    let (keys, twice, lost) = run(false).await;
+    let (keys, twice, lost) = run(&cluster, false).await;
     println!(
         "wait_for_replicas off: {keys} keys, a primary killed: {twice} executed twice, \
          {lost} completed responses lost"
     );
-    let (keys, twice, lost) = run(true).await;
+    let (keys, twice, lost) = run(&cluster, true).await;
     println!(
         "wait_for_replicas(1) on: {keys} keys, a primary killed: {twice} executed twice, \
          {lost} completed responses lost"

@@ -6,6 +6,7 @@ mod http_support;
 
 mod failures;
 mod hostile;
+mod key_schema;
 mod keys;
 mod layer_checks;
 mod metrics;

@@ -349,3 +349,45 @@ async fn a_body_over_the_payment_policys_64_kib_is_413_and_burns_no_key() {
     assert_eq!(ok.status, 201);
     assert_eq!(ok.header("idempotency-replayed"), None);
 }
+
+/// The body extractor's and the auth's refusals are problems, as the API document says; the body's
+/// release the key, so the corrected request uses it.
+#[tokio::test]
+async fn refused_bodies_and_callers_get_problems_and_keep_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = start(dir.path()).await;
+
+    let not_json = send(
+        &app,
+        post("/payments", Some("alice"), Some("k1"), "{\"amount\": 10"),
+    )
+    .await;
+    not_json.assert_problem(400, "urn:payments:problem:malformed-body");
+    let wrong_shape = r#"{"amount": "ten", "currency": "KRW"}"#;
+    let wrong = send(
+        &app,
+        post("/payments", Some("alice"), Some("k1"), wrong_shape),
+    )
+    .await;
+    wrong.assert_problem(422, "urn:payments:problem:invalid-body");
+    let mut plain = post("/payments", Some("alice"), Some("k1"), KRW_1000);
+    plain.headers_mut().remove("content-type");
+    send(&app, plain)
+        .await
+        .assert_problem(415, "urn:payments:problem:unsupported-media-type");
+    for token in ["SCHEMATHESIS-INVALID-VALUE", "a b", &"a".repeat(65)] {
+        let refused = send(&app, post("/payments", Some(token), Some("k1"), KRW_1000)).await;
+        refused.assert_problem(401, "urn:payments:problem:unauthorized");
+        assert_eq!(refused.header("www-authenticate"), Some("Bearer"));
+    }
+    // A whole number written with a fraction of zero is an integer, as the schema counts them.
+    let decimal = r#"{"amount": 1000.0, "currency": "KRW"}"#;
+    let created = send(&app, post("/payments", Some("alice"), Some("k1"), decimal)).await;
+    assert_eq!(created.status, 201, "the key was not used by the refusals");
+    assert_eq!(created.json()["amount"], 1000);
+    let fraction = r#"{"amount": 1000.5, "currency": "KRW"}"#;
+    send(&app, post("/payments", Some("alice"), Some("k2"), fraction))
+        .await
+        .assert_problem(422, "urn:payments:problem:invalid-body");
+    assert_eq!(list(&app, "alice").await.len(), 1);
+}

@@ -154,10 +154,33 @@ async fn post_payments_documents_its_idempotency() {
     let responses = &doc["paths"]["/payments"]["post"]["responses"];
     let invalid = responses["422"]["description"].as_str().unwrap();
     assert!(
-        invalid.starts_with("The amount or the currency is invalid"),
+        invalid.starts_with("The body is JSON but not a payment request"),
         "{invalid}"
     );
     assert!(responses["422"]["content"]["application/json"].is_object());
+    // What the body extractor and the auth refuse, as problems.
+    for (status, uri) in [
+        ("400", "urn:payments:problem:malformed-body"),
+        ("401", "urn:payments:problem:unauthorized"),
+        ("415", "urn:payments:problem:unsupported-media-type"),
+        ("422", "urn:payments:problem:invalid-body"),
+    ] {
+        let text = responses[status]["description"].as_str().unwrap();
+        assert!(text.contains(uri), "{status}: {text}");
+        let content = &responses[status]["content"]["application/problem+json"];
+        assert!(content["schema"].is_object(), "{status}");
+    }
+    // The key's schema is idem's grammar; the body's says what the handler takes.
+    let key = doc["paths"]["/payments"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "Idempotency-Key")
+        .unwrap();
+    assert_eq!(key["schema"]["pattern"], idem_runtime::openapi::KEY_PATTERN);
+    let body = &doc["components"]["schemas"]["NewPayment"]["properties"];
+    assert_eq!(body["amount"]["minimum"], 1);
+    assert_eq!(body["currency"]["pattern"], "^[A-Z]{3}$");
     let down = responses["503"]["description"].as_str().unwrap();
     assert!(
         down.contains("urn:payments:problem:database-unavailable"),
