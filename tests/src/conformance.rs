@@ -169,6 +169,27 @@ impl<S: Store> Store for Observed<S> {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: idem_runtime::store::StateKind,
+    ) -> Result<bool, StoreError> {
+        self.inner.forget(key, token, state).await
+    }
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        self.inner.erase_scope(scope, batch).await
+    }
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<idem_runtime::store::Listed>, Timestamp), StoreError> {
+        self.inner.list_in_flight(older_than, limit).await
+    }
+    async fn stats(&self) -> Result<idem_runtime::store::Stats, StoreError> {
+        self.inner.stats().await
+    }
 }
 
 /// For shared stores, given two instances that share nothing but the server: through the engine, a
@@ -1073,6 +1094,234 @@ pub async fn a_claim_whose_request_was_dropped_is_released<B: Backend>(b: B) {
     retry.complete(&response("a")).await.expect("complete");
 }
 
+/// An operator sees a record as the application named it, and forgets it: a completed record at
+/// once, an in-flight one only once its lease ran out or when forced; a record that changed since
+/// it was read is left alone. A forgotten key runs again, as new, on its next request.
+pub async fn an_operator_sees_and_forgets_records<B: Backend>(b: B) {
+    use idem_runtime::admin::{Forgettable, Forgotten};
+    use idem_runtime::store::StateKind;
+    let h = harness(&b).await;
+    let scope = format!("ops-{}", uuid::Uuid::new_v4());
+    let key = RecordKey::new(scope.clone(), "done");
+    execute(h.engine.begin(key.clone(), fp("a"), &policy()).await)
+        .complete(&response("a"))
+        .await
+        .expect("complete");
+    let seen = h.engine.inspect(&scope, "done").await.expect("inspect");
+    let seen = seen.expect("the record");
+    assert_eq!(seen.state(), StateKind::Completed);
+    assert_eq!((seen.now, seen.record.created_at), (T0, T0));
+    assert_eq!(seen.record.expires_at, T0 + TTL);
+    assert!(!seen.expired() && !seen.lease_live());
+    match &seen.record.state {
+        RecordState::Completed { response: stored } => assert_eq!(*stored, response("a")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        h.engine
+            .forget(&scope, "done", Forgettable::Done)
+            .await
+            .expect("forget"),
+        Forgotten::Deleted(StateKind::Completed)
+    );
+    assert!(h
+        .engine
+        .inspect(&scope, "done")
+        .await
+        .expect("inspect")
+        .is_none());
+    assert_eq!(
+        h.engine
+            .forget(&scope, "done", Forgettable::Done)
+            .await
+            .expect("forget"),
+        Forgotten::NotFound
+    );
+    let again = execute(h.engine.begin(key.clone(), fp("a"), &policy()).await);
+    assert!(!again.taken_over(), "a forgotten key runs as new");
+    again.complete(&response("again")).await.expect("complete");
+
+    // In flight: refused while its lease is live, unless forced or once it ran out.
+    let held = RecordKey::new(scope.clone(), "held");
+    let guard = execute(h.engine.begin(held.clone(), fp("a"), &policy()).await);
+    for allowed in [Forgettable::Done, Forgettable::DeadClaims] {
+        assert_eq!(
+            h.engine
+                .forget(&scope, "held", allowed)
+                .await
+                .expect("forget"),
+            Forgotten::Refused {
+                state: StateKind::InFlight,
+                lease_live: true
+            }
+        );
+    }
+    h.clock.advance(LEASE);
+    assert_eq!(
+        h.engine
+            .forget(&scope, "held", Forgettable::Done)
+            .await
+            .expect("forget"),
+        Forgotten::Refused {
+            state: StateKind::InFlight,
+            lease_live: false
+        }
+    );
+    assert_eq!(
+        h.engine
+            .forget(&scope, "held", Forgettable::DeadClaims)
+            .await
+            .expect("forget"),
+        Forgotten::Deleted(StateKind::InFlight)
+    );
+    // The old holder's completion is fenced: its record is gone.
+    assert_eq!(
+        guard.try_complete(&response("late")).await.is_ok(),
+        true,
+        "a vanished record is claimed back by its holder's completion"
+    );
+    let live = RecordKey::new(scope.clone(), "live");
+    let _running = execute(h.engine.begin(live.clone(), fp("a"), &policy()).await);
+    assert_eq!(
+        h.engine
+            .forget(&scope, "live", Forgettable::Anything)
+            .await
+            .expect("forget"),
+        Forgotten::Deleted(StateKind::InFlight)
+    );
+
+    // Fenced: a record that changed since it was read is not deleted.
+    let moving = RecordKey::new(scope.clone(), "moving");
+    let guard = execute(h.engine.begin(moving.clone(), fp("a"), &policy()).await);
+    let stale = h
+        .engine
+        .inspect(&scope, "moving")
+        .await
+        .expect("inspect")
+        .expect("record");
+    guard.complete(&response("m")).await.expect("complete");
+    let deleted = h
+        .store
+        .forget(&moving, stale.record.token, StateKind::InFlight)
+        .await
+        .expect("forget");
+    assert!(!deleted, "a completion since the read fences the delete");
+    assert_eq!(
+        h.get(&moving).await.expect("kept").token,
+        stale.record.token
+    );
+}
+
+/// Erasing a scope deletes every record of it, whatever its state, responses included, and no
+/// record of another scope; a scope longer than the stored bound is named as the application gave
+/// it.
+pub async fn erase_removes_one_scope_and_no_other<B: Backend>(b: B) {
+    let h = harness(&b).await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let erased = format!("erased-{tag}");
+    let long = format!("long-{tag}-{}", "x".repeat(400));
+    let kept = format!("kept-{tag}");
+    for scope in [&erased, &long, &kept] {
+        for (i, end) in ["complete", "release", "hold"].iter().enumerate() {
+            let key = RecordKey::new(scope.clone(), format!("k{i}"));
+            let guard = execute(h.engine.begin(key, fp("a"), &policy()).await);
+            match *end {
+                "complete" => guard.complete(&response("secret")).await.expect("complete"),
+                "release" => guard.release().await.expect("release"),
+                _ => std::mem::forget(guard),
+            }
+        }
+    }
+    assert_eq!(h.engine.erase(&erased).await.expect("erase"), 3);
+    assert_eq!(h.engine.erase(&long).await.expect("erase"), 3);
+    for i in 0..3 {
+        for scope in [&erased, &long] {
+            let key = RecordKey::new(scope.clone(), format!("k{i}"));
+            assert!(h.get(&key).await.is_none(), "{scope}/k{i} erased");
+        }
+        let key = RecordKey::new(kept.clone(), format!("k{i}"));
+        assert!(h.get(&key).await.is_some(), "another scope's k{i} kept");
+    }
+    assert_eq!(h.engine.erase(&erased).await.expect("erase"), 0);
+}
+
+/// Claims in flight for longer than an age are listed oldest first, with their keys as stored;
+/// younger claims and finished records are not. The store's counts follow each state.
+pub async fn in_flight_claims_are_listed_and_counted<B: Backend>(b: B) {
+    use idem_runtime::store::StateKind;
+    let h = harness(&b).await;
+    let scope = format!("stuck-{}", uuid::Uuid::new_v4());
+    let long = format!("{scope}{}", "y".repeat(400));
+    let first = execute(
+        h.engine
+            .begin(RecordKey::new(scope.clone(), "a"), fp("a"), &policy())
+            .await,
+    );
+    h.clock.advance(Duration::from_secs(1));
+    let second = execute(
+        h.engine
+            .begin(RecordKey::new(long.clone(), "b"), fp("a"), &policy())
+            .await,
+    );
+    execute(
+        h.engine
+            .begin(RecordKey::new(scope.clone(), "done"), fp("a"), &policy())
+            .await,
+    )
+    .complete(&response("d"))
+    .await
+    .expect("complete");
+    execute(
+        h.engine
+            .begin(RecordKey::new(scope.clone(), "gone"), fp("a"), &policy())
+            .await,
+    )
+    .release()
+    .await
+    .expect("release");
+    h.clock.advance(Duration::from_secs(60));
+    let young = execute(
+        h.engine
+            .begin(RecordKey::new(scope.clone(), "young"), fp("a"), &policy())
+            .await,
+    );
+    let (listed, now) = h
+        .engine
+        .in_flight(Duration::from_secs(30), 100)
+        .await
+        .expect("list");
+    assert_eq!(now, T0 + Duration::from_secs(61));
+    let keys: Vec<&RecordKey> = listed.iter().map(|l| &l.key).collect();
+    assert_eq!(
+        keys,
+        [
+            &RecordKey::new(scope.clone(), "a"),
+            &RecordKey::new(long.clone(), "b")
+        ],
+        "the old claims, oldest first"
+    );
+    assert_eq!(listed[0].record.token, first.token());
+    assert_eq!(listed[1].record.token, second.token());
+    assert!(listed
+        .iter()
+        .all(|l| StateKind::of(&l.record.state) == StateKind::InFlight));
+    let (one, _) = h.engine.in_flight(Duration::ZERO, 1).await.expect("list");
+    assert_eq!(one.len(), 1, "the limit holds");
+    let stats = h.engine.stats().await.expect("stats");
+    assert_eq!(
+        (
+            stats.in_flight,
+            stats.completed,
+            stats.released,
+            stats.expired
+        ),
+        (3, 1, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.oldest_in_flight, Some(T0));
+    drop(young);
+}
+
 struct ArcPurge<S>(Arc<Observed<S>>);
 
 #[async_trait::async_trait]
@@ -1111,6 +1360,9 @@ macro_rules! conformance_suite {
             a_new_record_under_the_same_key_gets_a_new_downstream_key,
             skewed_instance_clocks_change_nothing,
             a_claim_whose_request_was_dropped_is_released,
+            an_operator_sees_and_forgets_records,
+            erase_removes_one_scope_and_no_other,
+            in_flight_claims_are_listed_and_counted,
         );
     };
     // The attribute travels as one token tree, so that it can be repeated for every case.

@@ -8,7 +8,8 @@
 //! process never sees these records: use SQLite, PostgreSQL or Redis for that.
 
 use super::{
-    Claim, ClaimOutcome, ClaimRule, Found, Purge, Store, StoreError, Subscription, Waiters,
+    Claim, ClaimOutcome, ClaimRule, Found, Listed, Purge, StateKind, Stats, Store, StoreError,
+    Subscription, Waiters,
 };
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
@@ -66,6 +67,12 @@ impl Records {
             self.by_retention.remove(&(old.retain_until, key.clone()));
         }
         self.by_retention.insert((retain_until, key.clone()));
+    }
+
+    fn remove(&mut self, key: &RecordKey) {
+        if let Some(old) = self.by_key.remove(key) {
+            self.by_retention.remove(&(old.retain_until, key.clone()));
+        }
     }
 
     /// Removes at most `limit` records past retention at `now`, oldest first; returns how many.
@@ -213,6 +220,79 @@ impl Store for MemoryStore {
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.waiters.subscribe(key)
+    }
+
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        {
+            let mut records = self.lock();
+            let seen = records
+                .by_key
+                .get(key)
+                .is_some_and(|r| r.token == token && StateKind::of(&r.state) == state);
+            if !seen {
+                return Ok(false);
+            }
+            records.remove(key);
+        }
+        self.waiters.notify(key);
+        Ok(true)
+    }
+
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let erased: Vec<RecordKey> = {
+            let mut records = self.lock();
+            let keys: Vec<RecordKey> = records
+                .by_key
+                .keys()
+                .filter(|key| key.scope() == scope)
+                .take(batch)
+                .cloned()
+                .collect();
+            for key in &keys {
+                records.remove(key);
+            }
+            keys
+        };
+        for key in &erased {
+            self.waiters.notify(key);
+        }
+        Ok(erased.len() as u64)
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let now = self.clock.now();
+        let mut listed: Vec<Listed> = self
+            .lock()
+            .by_key
+            .iter()
+            .filter(|(_, r)| {
+                matches!(r.state, RecordState::InFlight { .. })
+                    && !r.is_forgotten(now)
+                    && r.created_at.until(now) >= older_than
+            })
+            .map(|(key, record)| Listed {
+                key: key.clone(),
+                record: record.clone(),
+            })
+            .collect();
+        listed.sort_by_key(|l| (l.record.created_at, l.key.clone()));
+        listed.truncate(limit);
+        Ok((listed, now))
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let now = self.clock.now();
+        let records = self.lock();
+        Ok(Stats::count(records.by_key.values(), now))
     }
 }
 

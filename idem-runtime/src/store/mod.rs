@@ -200,6 +200,8 @@ pub enum StoreErrorKind {
     /// The store is up but has no capacity for this call right now (every pooled connection is in
     /// use); try again shortly (HTTP 503 with its own problem type).
     Busy,
+    /// The store does not offer this operation (a custom store without the operator's operations).
+    Unsupported,
 }
 
 impl StoreError {
@@ -219,6 +221,14 @@ impl StoreError {
     /// A stored record is unreadable; `source` says why.
     pub fn corrupt(source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
         Self::new(StoreErrorKind::Corrupt, source)
+    }
+
+    /// The store does not offer `operation`.
+    pub fn unsupported(operation: &'static str) -> Self {
+        Self::new(
+            StoreErrorKind::Unsupported,
+            format!("this store does not offer `{operation}`"),
+        )
     }
 
     /// The caller's token is not the record's.
@@ -258,6 +268,7 @@ impl fmt::Display for StoreError {
             }
             StoreErrorKind::Corrupt => f.write_str("idempotency record could not be decoded")?,
             StoreErrorKind::Busy => f.write_str("idempotency store busy (no free connection)")?,
+            StoreErrorKind::Unsupported => f.write_str("operation not supported by this store")?,
         }
         if let Some(source) = &self.source {
             write!(f, ": {source}")?;
@@ -271,6 +282,94 @@ impl StdError for StoreError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// A record's state without its contents, for operations that must find a record as it was seen
+/// ([`Store::forget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// [`RecordState::InFlight`].
+    InFlight,
+    /// [`RecordState::Completed`].
+    Completed,
+    /// [`RecordState::Released`].
+    Released,
+}
+
+impl StateKind {
+    /// The kind of `state`.
+    pub fn of(state: &RecordState) -> Self {
+        match state {
+            RecordState::InFlight { .. } => Self::InFlight,
+            RecordState::Completed { .. } => Self::Completed,
+            RecordState::Released => Self::Released,
+        }
+    }
+
+    /// `in_flight`, `completed` or `released`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Completed => "completed",
+            Self::Released => "released",
+        }
+    }
+}
+
+/// One record of a listing ([`Store::list_in_flight`]): its key as stored, and the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The record's key (each part as stored: bounded, see [`RecordKey`]).
+    pub key: RecordKey,
+    /// The record.
+    pub record: Record,
+}
+
+/// What a store holds right now ([`Store::stats`]), counted at the store's time `now`. Records past
+/// retention that no sweep deleted yet count as `forgotten`, not in their state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// In flight (a handler running, or a dead worker's claim until its lease ends).
+    pub in_flight: u64,
+    /// Completed, before `expires_at`: replayed.
+    pub completed: u64,
+    /// Released, waiting for their request's retry.
+    pub released: u64,
+    /// Past `expires_at`, within retention: answering 410.
+    pub expired: u64,
+    /// Past retention, not purged yet.
+    pub forgotten: u64,
+    /// The oldest in-flight record's creation, if any.
+    pub oldest_in_flight: Option<Timestamp>,
+    /// The store's time of the count.
+    pub now: Timestamp,
+}
+
+impl Stats {
+    /// Counts `records` at the store's time `now`: for stores that hold records as Rust values.
+    pub fn count<'a>(records: impl IntoIterator<Item = &'a Record>, now: Timestamp) -> Self {
+        let mut stats = Stats {
+            now,
+            ..Stats::default()
+        };
+        for record in records {
+            if record.is_forgotten(now) {
+                stats.forgotten += 1;
+                continue;
+            }
+            match &record.state {
+                RecordState::Released => stats.released += 1,
+                _ if now >= record.expires_at => stats.expired += 1,
+                RecordState::Completed { .. } => stats.completed += 1,
+                RecordState::InFlight { .. } => {
+                    stats.in_flight += 1;
+                    let oldest = stats.oldest_in_flight.get_or_insert(record.created_at);
+                    *oldest = (*oldest).min(record.created_at);
+                }
+            }
+        }
+        stats
     }
 }
 
@@ -334,6 +433,47 @@ pub trait Store: Send + Sync + 'static {
     fn kind(&self) -> &'static str {
         "custom"
     }
+
+    // The operator's operations (see `Engine`'s `inspect`, `forget`, `erase`, `in_flight` and
+    // `stats`). Every built-in store implements them; a custom store may leave them out, and they
+    // then fail with `StoreErrorKind::Unsupported`. A store that wraps another forwards them.
+
+    /// Deletes the record of `key` if it still carries `token` in a state of kind `state` (as the
+    /// caller read it), so that a record claimed, completed or released since is left alone; wakes
+    /// the key's waiters. Returns whether it deleted.
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let _ = (key, token, state);
+        Err(StoreError::unsupported("forget"))
+    }
+
+    /// Deletes at most `batch` records of `scope` (as stored: bounded, see [`RecordKey`]), whatever
+    /// their state, bodies included; returns how many. Fewer than `batch` means none is left. Wakes
+    /// their waiters.
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let _ = (scope, batch);
+        Err(StoreError::unsupported("erase"))
+    }
+
+    /// At most `limit` in-flight records created at least `older_than` ago (at the store's time),
+    /// oldest first, with the store's time.
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let _ = (older_than, limit);
+        Err(StoreError::unsupported("in-flight"))
+    }
+
+    /// What the store holds right now.
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        Err(StoreError::unsupported("stats"))
+    }
 }
 
 /// Deleting records past retention, in batches.
@@ -380,6 +520,27 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        (**self).forget(key, token, state).await
+    }
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        (**self).erase_scope(scope, batch).await
+    }
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        (**self).list_in_flight(older_than, limit).await
+    }
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        (**self).stats().await
     }
 }
 
