@@ -323,7 +323,7 @@ impl Engine {
             // A winning claim travels with a handoff that gives it back if nobody takes it: its
             // request may be gone before the answer is sent, or after, with the answer unread.
             let won = matches!(outcome, Ok(ClaimOutcome::Claimed(_)));
-            let handoff = Handoff(won.then(|| (store, key, token, tasks)));
+            let handoff = Handoff(won.then_some((store, key, token, tasks)));
             let _ = reply.send((outcome, handoff));
         };
         self.inner.tasks.spawn_on(work, &runtime);
@@ -639,7 +639,8 @@ impl ClaimGuard {
     /// A key for the services this work calls, the same on every attempt at this record: see
     /// [`RecordKey::downstream_key`].
     pub fn downstream_key(&self) -> String {
-        self.key.downstream_key(&self.fingerprint, self.created_at)
+        self.key
+            .downstream_key(&self.fingerprint, self.created_at, self.expires_at)
     }
 
     /// Runs `work` while renewing this claim's lease every third of it, so that a duplicate never

@@ -78,26 +78,50 @@ impl RecordKey {
     }
 
     /// A key to pass on to the services this request's handler calls (a payment provider's own
-    /// `Idempotency-Key`, a message id), for the record of this key first claimed at `created_at`
-    /// by a request with `fingerprint`: the same for every attempt at that record, whichever
-    /// instance runs it and however often it is taken over or resumed after a release, and
-    /// different for every other scope or key, and for a later record under the same key text (a
-    /// later window of a derived key, a key sent again after its record was purged). It is `idem_`
-    /// and 32 hex digits of a SHA-256 over all of these, so it reveals none of them and fits every
-    /// provider's limit.
+    /// `Idempotency-Key`, a message id), for the record of this key with `fingerprint` first
+    /// claimed at `created_at` and expiring at `expires_at`: the same for every attempt at that
+    /// record, whichever instance runs it and however often it is taken over or resumed after a
+    /// release, and different for every other scope, key or request, and for every later record
+    /// under the same key text (a later window of a derived key, a key sent again after its record
+    /// expired). It is `idem_` and 32 hex digits of a SHA-256 over all of these, so it reveals none
+    /// of them and fits every provider's limit.
+    ///
+    /// Records are told apart by their ttl window: the creation divided by the ttl. A later record
+    /// under the same key text is created at least a ttl after the first (the first must expire, or
+    /// be released by another request, whose fingerprint differs), so it lands in a later window; a
+    /// record that a store lost (a restart without persistence) and that a retry claims again soon
+    /// after lands in the same window, and keeps its downstream key, unless the window ended in
+    /// between.
     ///
     /// ```
     /// use idem_runtime::{clock::Timestamp, Fingerprint, RecordKey};
+    /// use std::time::Duration;
     /// let fp = Fingerprint::of_request("POST", "/payments", None, b"1000 KRW");
-    /// let (key, at) = (RecordKey::new("user-7", "order-42"), Timestamp::from_millis(1_000));
-    /// assert_eq!(key.downstream_key(&fp, at), RecordKey::new("user-7", "order-42").downstream_key(&fp, at));
-    /// assert_ne!(key.downstream_key(&fp, at), RecordKey::new("user-8", "order-42").downstream_key(&fp, at));
-    /// // The same key text, a later record: another downstream key.
-    /// assert_ne!(key.downstream_key(&fp, at), key.downstream_key(&fp, Timestamp::from_millis(90_000)));
-    /// assert_eq!(key.downstream_key(&fp, at).len(), 37);
+    /// let ttl = Duration::from_secs(24 * 3600);
+    /// let at = Timestamp::from_millis(1_800_000_000_000);
+    /// let key = RecordKey::new("user-7", "order-42");
+    /// let first = key.downstream_key(&fp, at, at + ttl);
+    /// assert_eq!(first, RecordKey::new("user-7", "order-42").downstream_key(&fp, at, at + ttl));
+    /// assert_ne!(first, RecordKey::new("user-8", "order-42").downstream_key(&fp, at, at + ttl));
+    /// // The same key text a ttl later: another record, another downstream key.
+    /// let later = at + ttl;
+    /// assert_ne!(first, key.downstream_key(&fp, later, later + ttl));
+    /// assert_eq!(first.len(), 37);
     /// ```
-    pub fn downstream_key(&self, fingerprint: &Fingerprint, created_at: Timestamp) -> String {
+    pub fn downstream_key(
+        &self,
+        fingerprint: &Fingerprint,
+        created_at: Timestamp,
+        expires_at: Timestamp,
+    ) -> String {
         use sha2::{Digest, Sha256};
+        let ttl = expires_at
+            .as_millis()
+            .saturating_sub(created_at.as_millis());
+        let window = match ttl {
+            1.. => created_at.as_millis().div_euclid(ttl),
+            _ => created_at.as_millis(),
+        };
         let digest = Sha256::new()
             .chain_update(b"idem downstream key\0")
             .chain_update((self.scope.len() as u64).to_be_bytes())
@@ -105,7 +129,7 @@ impl RecordKey {
             .chain_update((self.key.len() as u64).to_be_bytes())
             .chain_update(&self.key)
             .chain_update(fingerprint.0)
-            .chain_update(created_at.as_millis().to_be_bytes())
+            .chain_update(window.to_be_bytes())
             .finalize();
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         format!("idem_{hex}")

@@ -1,4 +1,4 @@
-//! Demo authentication: `Authorization: Bearer <user-id>`, where the token is the user id: 1 to 64
+//! Demo authentication: `Authorization: Bearer <user-id>`, where the token is the user id: 1 to 4096
 //! lowercase letters, digits, `-` and `_` (`alice`, `user-1`). Any other token names no user and
 //! is refused (401), as a real service refuses a token it cannot verify.
 //!
@@ -40,16 +40,16 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
                     "urn:payments:problem:unauthorized",
                     "Unauthorized",
                 )
-                .detail("Send Authorization: Bearer <user-id>, a user id being 1 to 64 of a-z, 0-9, - and _.");
+                .detail("Send Authorization: Bearer <user-id>, a user id being 1 to 4096 of a-z, 0-9, - and _.");
                 Err(([(WWW_AUTHENTICATE, "Bearer")], problem).into_response())
             }
         }
     }
 }
 
-/// The demo's user ids: 1 to 64 lowercase ASCII letters, digits, `-` and `_`.
+/// The demo's user ids: 1 to 4096 lowercase ASCII letters, digits, `-` and `_`.
 pub fn is_user_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
+    (1..=4096).contains(&id.len())
         && id
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')

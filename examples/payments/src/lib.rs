@@ -357,7 +357,7 @@ impl Modify for BearerAuth {
             .scheme(HttpAuthScheme::Bearer)
             .bearer_format("user id")
             .description(Some(
-                "Demo auth: the token is the user id, 1 to 64 of a-z, 0-9, - and _.",
+                "Demo auth: the token is the user id, 1 to 4096 of a-z, 0-9, - and _.",
             ));
         let components = api.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(bearer.build()));

@@ -453,7 +453,11 @@ http_test! {
     async fn the_handler_gets_its_downstream_key(h) {
         let fresh = h.send(json_post("/downstream", "alice", &["k1"], "")).await;
         let record = h.record("alice", "k1").await.expect("claimed");
-        let expected = RecordKey::new("alice", "k1").downstream_key(&record.fingerprint, record.created_at);
+        let expected = RecordKey::new("alice", "k1").downstream_key(
+            &record.fingerprint,
+            record.created_at,
+            record.expires_at,
+        );
         assert_eq!(fresh.status, 201);
         assert_eq!(std::str::from_utf8(&fresh.body).unwrap(), format!("{expected} taken over: false"));
         let retry = h.send(json_post("/downstream", "alice", &["k1"], "")).await;
