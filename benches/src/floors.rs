@@ -359,24 +359,26 @@ impl Floor {
             }
             _ => return false,
         };
-        let now = now_ms();
+        // The store's binds: durations in milliseconds, the server's clock, a lock timeout.
         sqlx::query(idem_runtime::store::postgres::testing::CLAIM_STATEMENT)
             .bind("floor")
             .bind(key)
             .bind(&fingerprint().0[..])
             .bind(1_i64)
-            .bind(now)
-            .bind(now + 86_400_000)
-            .bind(now + 86_400_000)
-            .bind(now + 30_000)
+            .bind(30_000_i64)
+            .bind(86_400_000_i64)
+            .bind(86_400_000_i64)
+            .bind(None::<i64>)
+            .bind(2_000_i64)
             .fetch_optional(pool)
             .await
             .ok()
             .flatten()
             .is_some_and(|row| {
-                // Columns: inserted, fingerprint, token, three times, state, lease, status,
-                // headers, body.
-                !row.try_get::<bool, _>(0).unwrap_or(true) && replayed(&row, [1, 8, 9, 10])
+                // Columns: rule, the store's time, fingerprint, token, three times, state, lease,
+                // status, headers, body.
+                row.try_get::<&str, _>(0).is_ok_and(|rule| rule == "keep")
+                    && replayed(&row, [2, 9, 10, 11])
             })
     }
 

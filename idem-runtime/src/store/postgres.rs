@@ -16,26 +16,42 @@
 //!
 //! # Schema and migrations
 //!
-//! Records live in `idem.records` (primary key `(scope, key)`, times as BIGINT milliseconds, an
-//! index on `retain_until`). The embedded migrations (`migrations/postgres/`) run at start-up with
-//! `search_path = idem`, so their history stays apart from the application's own
-//! `_sqlx_migrations`. Creating the schema needs the `CREATE` privilege the first time. Migrations
-//! only add, and an instance ignores versions it does not know, so two versions can share the
-//! database during a rolling deploy.
+//! Records live in `idem.records` (primary key `(scope, key)`, times as BIGINT milliseconds since
+//! the Unix epoch, an index on `retain_until`). The embedded migrations (`migrations/postgres/`)
+//! run at start-up with `search_path = idem`, so their history stays apart from the application's
+//! own `_sqlx_migrations`. Creating the schema needs the `CREATE` privilege the first time.
+//! Migrations only add, and an instance ignores versions it does not know, so two versions can
+//! share the database during a rolling deploy; an instance older than released records (state
+//! `released`) reads one as [`Corrupt`](super::StoreErrorKind::Corrupt) until it is replaced.
+//!
+//! # Time
+//!
+//! Every instant is the server's: each statement computes `clock_timestamp()` once and both
+//! stamps and judges by it (the engine sends durations), so instances whose clocks disagree still
+//! agree on who owns a key, when it expires and when it may be purged. A store given a clock
+//! ([`PostgresStore::with_clock`], for tests) sends that clock's time instead.
 //!
 //! # Statements
 //!
-//! - **Claim**: one round trip, new key or replay: a primary-key read, `UNION ALL` a call of
-//!   `idem.insert_claim` that PostgreSQL runs only when the read found nothing (`INSERT … ON CONFLICT
-//!   DO NOTHING`, returning the concurrent winner's record if there was one). A replay is a plain
-//!   read that writes nothing. A takeover, or the replacement of a record past retention, is a
-//!   second, conditional `UPDATE` that re-checks the token it read. The statements assume READ
-//!   COMMITTED.
+//! - **Claim**: one statement, one round trip. A primary-key read returns the record when
+//!   [`Claim::decide`] keeps it (a replay, or a live claim: nothing is written); otherwise, and
+//!   only then, PostgreSQL calls `idem.claim`, which inserts a fresh record or locks the latest
+//!   version of the key's record, decides again, and inserts over it, takes it over or resumes it
+//!   in place. The statements assume READ COMMITTED.
 //! - **Complete**, **release**, **renew**: one statement each, fenced by the token and the
-//!   in-flight state. Completion and release call `pg_notify` in the same statement only if a
-//!   duplicate announced itself (the `watched` flag): a notifying commit takes a database-wide lock,
-//!   which would otherwise serialise every completion.
+//!   in-flight state. A release keeps the record, [released](RecordState::Released). Completion and
+//!   release call `pg_notify` in the same statement only if a duplicate announced itself (the
+//!   `watched` flag): a notifying commit takes a database-wide lock, which would otherwise
+//!   serialise every completion.
 //! - **Purge**: one `DELETE` of at most a batch of rows past retention, skipping locked rows.
+//! - **The operator's operations**: `forget` and `erase_scope` delete (fenced by token and state,
+//!   or a batch of a scope through the primary key's prefix) and notify awaited records;
+//!   `list_in_flight` and `stats` scan the table (no index on the state, which would keep
+//!   completions from being HOT updates).
+//! - **Lock waits** are bounded ([`DEFAULT_LOCK_TIMEOUT`], [`PostgresStore::with_lock_timeout`]):
+//!   a statement that meets a row held by a stalled transaction fails as
+//!   [`Unavailable`](super::StoreErrorKind::Unavailable) instead of waiting for it. The setting is
+//!   local to the statement's transaction and never changes the session.
 //!
 //! # Waking waiters across instances
 //!
@@ -53,8 +69,11 @@
 //! resumes by itself when the server returns.
 
 use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
-use super::{Claim, ClaimOutcome, Found, Purge, Stamped, Store, StoreError, Subscription, Waiters};
-use crate::clock::{Clock, SystemClock, Timestamp};
+use super::{
+    Claim, ClaimOutcome, Claimed, Found, Listed, Purge, StateKind, Stats, Store, StoreError,
+    Subscription, Waiters,
+};
+use crate::clock::{Clock, Timestamp};
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use sqlx::migrate::Migrator;
@@ -68,6 +87,14 @@ pub const CHANNEL: &str = "idem_records";
 
 /// How long [`PostgresStore::pool_options`] pools wait for a connection before failing.
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long one of the store's statements waits for a row lock (a record held by a transaction
+/// that stalled, such as a business transaction in [transactional mode](crate::transaction)
+/// that neither commits nor rolls back) before it fails as
+/// [`Unavailable`](super::StoreErrorKind::Unavailable), which callers retry. Below the engine's
+/// store timeout, so that the server gives up first and the connection returns to the pool clean.
+/// Change it with [`PostgresStore::with_lock_timeout`].
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The embedded migrations (`migrations/postgres/`), run with `search_path = idem`. Versions applied
 /// by a later idem are ignored (see the [module documentation](self)).
@@ -88,12 +115,17 @@ pub(crate) fn migrator() -> Migrator {
             "idem insert claim",
             include_str!("../../migrations/postgres/20261202000000_idem_insert_claim.sql"),
         ),
+        (
+            20261207120000,
+            "idem claim on server time",
+            include_str!("../../migrations/postgres/20261207120000_idem_claim_on_server_time.sql"),
+        ),
     ])
 }
 
 /// How often a claim re-runs its statement when concurrent changes keep it from settling. Each retry
-/// means another request changed the key in between, so a few suffice; the bound only guards against
-/// a pathological loop.
+/// means another request deleted the key's record in between, so a few suffice; the bound only
+/// guards against a pathological loop.
 const MAX_CLAIM_ATTEMPTS: usize = 16;
 
 /// Serialises schema creation between processes starting at once (an arbitrary constant).
@@ -110,110 +142,253 @@ pub mod testing {
     use super::Claim;
     use crate::clock::Timestamp;
 
-    /// Claim-or-fetch: the existing record, or the fresh one inserted when there is none.
+    /// Claim-or-fetch: the record to keep, or what `idem.claim` made of the key.
     pub const CLAIM_STATEMENT: &str = super::CLAIM;
 
-    /// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with the eight
-    /// binds of `claim` at `now`.
+    /// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with the nine
+    /// binds of `claim` judged at `now` (`None`: the server's clock), with the default lock timeout.
     pub fn bind_claim<'q>(
         sql: &'q str,
         claim: &Claim<'q>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        super::bind_claim(sql, claim.stamped(now))
+        super::bind_claim(sql, claim, now, super::millis(super::DEFAULT_LOCK_TIMEOUT))
     }
 }
 
-/// Claim-or-fetch: the existing record, or the fresh one inserted when there is none.
-const CLAIM: &str = "
-(SELECT false AS inserted, fingerprint, token, created_at, expires_at, retain_until, state,
-        lease_until, status, headers, body
- FROM idem.records
- WHERE scope = $1 AND key = $2)
-UNION ALL
-(SELECT * FROM idem.insert_claim($1, $2, $3, $4, $5, $6, $7, $8))
-LIMIT 1";
+/// The store's time in milliseconds since the Unix epoch: the instant bound as `$n` (a store given
+/// a clock) or, when that is NULL, the server's `clock_timestamp()`. Every statement computes it
+/// once (in a CTE, which PostgreSQL materialises since it calls a volatile function) and judges
+/// and stamps by it alone.
+macro_rules! now_ms {
+    ($n:literal) => {
+        concat!(
+            "coalesce($",
+            $n,
+            "::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
+        )
+    };
+}
 
-/// `sql` (the claim statement, the replacement of a forgotten record, or a statement around one of
-/// them, such as an `EXPLAIN`) with a claim's eight binds, in the order those statements number
-/// them (`$1` to `$8`; the replacement adds the token it saw as `$9`).
+/// Bounds the statement's row-lock waits to `$n` milliseconds ([`DEFAULT_LOCK_TIMEOUT`]): local
+/// to the transaction, which for an autocommit statement is the statement. Joined to the rows a
+/// statement writes, so it is set before any row reaches the lock.
+macro_rules! bound_locks {
+    ($n:literal) => {
+        concat!("set_config('lock_timeout', $", $n, "::bigint::text, true)")
+    };
+}
+
+/// Claim-or-fetch, one statement: the key's record when [`Claim::decide`] keeps it at the store's
+/// time (a replay: a primary-key read, nothing written), and otherwise what `idem.claim` (see its
+/// migration) made of the key, deciding again on the latest version under its lock. Binds: scope,
+/// key, fingerprint, token, lease, ttl, retain (milliseconds, retain at least ttl), the store's
+/// time or NULL, the lock timeout.
+const CLAIM: &str = concat!(
+    "
+WITH now AS (SELECT ",
+    now_ms!("8"),
+    " AS ms)
+(SELECT 'keep'::text AS rule, now.ms AS store_now, r.fingerprint, r.token, r.created_at,
+        r.expires_at, r.retain_until, r.state, r.lease_until, r.status, r.headers, r.body
+ FROM idem.records AS r, now
+ WHERE r.scope = $1 AND r.key = $2 AND r.retain_until > now.ms AND r.state <> 'released'
+   AND NOT (r.state = 'in_flight' AND r.fingerprint = $3 AND now.ms < r.expires_at
+            AND r.lease_until <= now.ms))
+UNION ALL
+(SELECT c.* FROM now, idem.claim($1, $2, $3, $4, $5, $6, $7, now.ms, $9) AS c)
+LIMIT 1"
+);
+
+/// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with a claim's nine
+/// binds (see [`CLAIM`]).
 pub(crate) fn bind_claim<'q>(
     sql: &'q str,
-    claim: Stamped<'q>,
+    claim: &Claim<'q>,
+    now: Option<Timestamp>,
+    lock_timeout_ms: i64,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
         .bind(claim.key.scope())
         .bind(claim.key.key())
         .bind(claim.fingerprint.0.to_vec())
         .bind(claim.token.0)
-        .bind(claim.now.as_millis())
-        .bind(claim.expires_at.as_millis())
-        .bind(claim.retain_until.as_millis())
-        .bind(claim.lease_until.as_millis())
+        .bind(millis(claim.lease))
+        .bind(millis(claim.ttl))
+        .bind(millis(claim.retain.max(claim.ttl)))
+        .bind(now.map(Timestamp::as_millis))
+        .bind(lock_timeout_ms)
 }
 
-/// Replaces a record past retention, if it is still the one seen (`$9`) and still past retention.
-const REPLACE_FORGOTTEN: &str = "
-UPDATE idem.records
-SET fingerprint = $3, token = $4, created_at = $5, expires_at = $6, retain_until = $7,
-    state = 'in_flight', lease_until = $8, status = NULL, headers = NULL, body = NULL
-WHERE scope = $1 AND key = $2 AND token = $9 AND retain_until <= $5";
+/// `duration` in whole milliseconds, saturated.
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
 
-/// `Claim::can_take_over` in SQL, re-checked on the row's latest version, plus the token seen (`$5`).
-const TAKE_OVER: &str = "
-UPDATE idem.records
-SET token = $3, lease_until = $4
-WHERE scope = $1 AND key = $2 AND token = $5 AND state = 'in_flight'
-  AND lease_until <= $6 AND fingerprint = $7 AND $6 < expires_at AND $6 < retain_until";
-
-const COMPLETE: &str = "
-WITH completed AS (
-    UPDATE idem.records
+const COMPLETE: &str = concat!(
+    "
+WITH bound AS (SELECT ",
+    bound_locks!("8"),
+    "),
+completed AS (
+    UPDATE idem.records AS r
     SET state = 'completed', lease_until = NULL, status = $4, headers = $5, body = $6
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'
-    RETURNING watched
+    FROM bound
+    WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_flight'
+    RETURNING r.watched
 )
-SELECT CASE WHEN watched THEN pg_notify('idem_records', $7) END FROM completed";
+SELECT CASE WHEN watched THEN pg_notify('idem_records', $7) END FROM completed"
+);
 
-const RELEASE: &str = "
-WITH released AS (
-    DELETE FROM idem.records
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'
-    RETURNING watched
+/// The record stays, released: its times kept, no lease, for its request's retry to resume.
+const RELEASE: &str = concat!(
+    "
+WITH bound AS (SELECT ",
+    bound_locks!("5"),
+    "),
+released AS (
+    UPDATE idem.records AS r
+    SET state = 'released', lease_until = NULL
+    FROM bound
+    WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_flight'
+    RETURNING r.watched
 )
-SELECT CASE WHEN watched THEN pg_notify('idem_records', $4) END FROM released";
+SELECT CASE WHEN watched THEN pg_notify('idem_records', $4) END FROM released"
+);
 
-const RENEW: &str = "
-UPDATE idem.records SET lease_until = $4
-WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'";
+const RENEW: &str = concat!(
+    "
+WITH now AS (SELECT ",
+    now_ms!("5"),
+    " AS ms, ",
+    bound_locks!("6"),
+    ")
+UPDATE idem.records AS r SET lease_until = now.ms + $4
+FROM now
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_flight'"
+);
 
 /// Marks an in-flight record as awaited. Only the first waiter writes (and commits a change); later
 /// ones find the flag set and write nothing. The row lock orders this against the completing `UPDATE`,
 /// which reads the row's latest version: either it sees the flag and notifies, or it committed first
 /// and the waiter's next read sees the completion.
-const ANNOUNCE: &str = "
-UPDATE idem.records SET watched = true
-WHERE scope = $1 AND key = $2 AND state = 'in_flight' AND NOT watched";
+const ANNOUNCE: &str = concat!(
+    "
+WITH bound AS (SELECT ",
+    bound_locks!("3"),
+    ")
+UPDATE idem.records AS r SET watched = true
+FROM bound
+WHERE r.scope = $1 AND r.key = $2 AND r.state = 'in_flight' AND NOT r.watched"
+);
 
-const GET: &str = "
-SELECT fingerprint, token, created_at, expires_at, retain_until, state,
-       lease_until, status, headers, body
-FROM idem.records
-WHERE scope = $1 AND key = $2 AND retain_until > $3";
+const GET: &str = concat!(
+    "
+WITH now AS (SELECT ",
+    now_ms!("3"),
+    " AS ms)
+SELECT now.ms AS store_now, r.fingerprint, r.token, r.created_at, r.expires_at, r.retain_until,
+       r.state, r.lease_until, r.status, r.headers, r.body
+FROM idem.records AS r, now
+WHERE r.scope = $1 AND r.key = $2 AND r.retain_until > now.ms"
+);
 
 /// The rows are picked oldest first through the `retain_until` index and locked by the same statement
 /// (skipping rows a claim holds), so their `ctid`s stay valid for the delete: a TID scan whatever the
 /// backlog, where a join back on the key may scan every expired row for each batch.
-const PURGE: &str = "
+const PURGE: &str = concat!(
+    "
+WITH now AS (SELECT ",
+    now_ms!("1"),
+    " AS ms)
 DELETE FROM idem.records
 WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM idem.records
-    WHERE retain_until <= $1
+    WHERE retain_until <= (SELECT ms FROM now)
     ORDER BY retain_until
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ))
-AND retain_until <= $1";
+AND retain_until <= (SELECT ms FROM now)"
+);
+
+/// Deletes the record if it is still as the caller read it (token and state), waking its waiters.
+const FORGET: &str = concat!(
+    "
+WITH bound AS (SELECT ",
+    bound_locks!("6"),
+    "),
+gone AS (
+    DELETE FROM idem.records AS r
+    USING bound
+    WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = $4
+    RETURNING r.watched
+)
+SELECT CASE WHEN watched THEN pg_notify('idem_records', $5) END FROM gone"
+);
+
+/// At most a batch of the scope's records, through the primary key's `scope` prefix, locked first
+/// (a record another statement deletes meanwhile is skipped, and the next one taken, so that a
+/// short batch means the scope is empty); returns each key, notifying those awaited.
+const ERASE: &str = concat!(
+    "
+WITH bound AS (SELECT ",
+    bound_locks!("3"),
+    "),
+gone AS (
+    DELETE FROM idem.records AS r
+    WHERE r.scope = $1 AND r.key IN (
+        SELECT e.key FROM idem.records AS e, bound
+        WHERE e.scope = $1
+        LIMIT $2
+        FOR UPDATE OF e
+    )
+    RETURNING r.key, r.watched
+)
+SELECT key, CASE WHEN watched THEN pg_notify('idem_records', json_build_array($1::text, key)::text)
+            END AS notified
+FROM gone"
+);
+
+/// The in-flight records created at least `$1` ms before the store's time, oldest first; one row
+/// with NULL record columns when there is none, so that the store's time always comes back.
+const LIST_IN_FLIGHT: &str = concat!(
+    "
+WITH now AS (SELECT ",
+    now_ms!("3"),
+    " AS ms)
+SELECT now.ms AS store_now, l.*
+FROM now LEFT JOIN LATERAL (
+    SELECT r.scope, r.key, r.fingerprint, r.token, r.created_at, r.expires_at, r.retain_until,
+           r.state, r.lease_until, r.status, r.headers, r.body
+    FROM idem.records AS r
+    WHERE r.state = 'in_flight' AND r.retain_until > now.ms AND r.created_at <= now.ms - $1
+    ORDER BY r.created_at, r.scope COLLATE \"C\", r.key COLLATE \"C\"
+    LIMIT $2
+) AS l ON true
+ORDER BY l.created_at, l.scope COLLATE \"C\", l.key COLLATE \"C\""
+);
+
+/// [`Stats::count`] in SQL: past retention first, then released, then past expiry, then by state.
+const STATS: &str = concat!(
+    "
+WITH now AS (SELECT ",
+    now_ms!("1"),
+    " AS ms)
+SELECT now.ms AS store_now,
+       count(*) FILTER (WHERE r.retain_until <= now.ms) AS forgotten,
+       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state = 'released') AS released,
+       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state <> 'released'
+                              AND now.ms >= r.expires_at) AS expired,
+       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state = 'completed'
+                              AND now.ms < r.expires_at) AS completed,
+       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state = 'in_flight'
+                              AND now.ms < r.expires_at) AS in_flight,
+       min(r.created_at) FILTER (WHERE r.retain_until > now.ms AND r.state = 'in_flight'
+                                       AND now.ms < r.expires_at) AS oldest_in_flight
+FROM now LEFT JOIN idem.records AS r ON true
+GROUP BY now.ms"
+);
 
 /// A [`Store`] in PostgreSQL, shared by every instance of a service. See the
 /// [module documentation](self) for its statements and guarantees.
@@ -232,7 +407,10 @@ AND retain_until <= $1";
 pub struct PostgresStore {
     pool: PgPool,
     waiters: Arc<Waiters>,
-    clock: Arc<dyn Clock>,
+    /// The clock the store judges by instead of the server's (tests), if any.
+    clock: Option<Arc<dyn Clock>>,
+    /// [`DEFAULT_LOCK_TIMEOUT`] unless set, in milliseconds.
+    lock_timeout_ms: i64,
     _listener: ListenerTask,
 }
 
@@ -366,7 +544,8 @@ impl PostgresStore {
         let store = Self {
             pool,
             waiters,
-            clock: Arc::new(SystemClock),
+            clock: None,
+            lock_timeout_ms: millis(DEFAULT_LOCK_TIMEOUT),
             _listener: ListenerTask(task),
         };
         (store, ready)
@@ -400,11 +579,43 @@ impl PostgresStore {
         result
     }
 
-    /// Judges every time by `clock` (tests move a [`ManualClock`](crate::clock::ManualClock) to
-    /// expire keys and leases).
+    /// Judges every time by `clock` instead of the server's `clock_timestamp()` (tests move a
+    /// [`ManualClock`](crate::clock::ManualClock) to expire keys and leases). Its time is sent with
+    /// each statement, which still decides alone. Every instance sharing the database must then
+    /// share that clock: in production, leave the server's.
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
+    }
+
+    /// How long each of the store's statements waits for a row lock before it fails as
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) ([`DEFAULT_LOCK_TIMEOUT`] unless set;
+    /// rounded to whole milliseconds, at least one).
+    ///
+    /// ```no_run
+    /// # use idem_runtime::store::postgres::PostgresStore;
+    /// # use std::time::Duration;
+    /// # async fn run() -> Result<(), idem_runtime::StoreError> {
+    /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app")
+    ///     .await?
+    ///     .with_lock_timeout(Duration::from_millis(500));
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        // Zero would mean "wait forever" to PostgreSQL.
+        self.lock_timeout_ms = millis(timeout).max(1);
+        self
+    }
+
+    /// The store's time to send with a statement: the given clock's, or `None` for the server's.
+    fn now(&self) -> Option<Timestamp> {
+        self.clock.as_ref().map(|clock| clock.now())
+    }
+
+    fn lock_timeout_ms(&self) -> i64 {
+        self.lock_timeout_ms
     }
 
     /// The pool the store runs its statements on.
@@ -463,9 +674,8 @@ impl Store for PostgresStore {
         "postgres"
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let claim = claim.stamped(self.clock.now());
         let mut conn = self.acquire().await?;
-        ops::claim(&mut conn, &claim).await
+        ops::claim(&mut conn, claim, self.now(), self.lock_timeout_ms()).await
     }
 
     async fn complete(
@@ -475,7 +685,7 @@ impl Store for PostgresStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let mut conn = self.acquire().await?;
-        ops::complete(&mut conn, key, token, response).await?;
+        ops::complete(&mut conn, key, token, response, self.lock_timeout_ms()).await?;
         drop(conn);
         // The listener will hear the notification too; this wakes local waiters without waiting for it.
         self.waiters.notify(key);
@@ -483,9 +693,15 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let mut conn = self.acquire().await?;
-        ops::release(&mut conn, key, token).await?;
-        drop(conn);
+        let done = sqlx::query(RELEASE)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(token.0)
+            .bind(payload(key))
+            .bind(self.lock_timeout_ms())
+            .execute(&mut *self.acquire().await?)
+            .await?;
+        ops::fenced_unless_one(done.rows_affected())?;
         self.waiters.notify(key);
         Ok(())
     }
@@ -496,22 +712,26 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let lease_until = self.clock.now() + lease;
         let done = sqlx::query(RENEW)
             .bind(key.scope())
             .bind(key.key())
             .bind(token.0)
-            .bind(lease_until.as_millis())
+            .bind(millis(lease))
+            .bind(self.now().map(Timestamp::as_millis))
+            .bind(self.lock_timeout_ms())
             .execute(&mut *self.acquire().await?)
             .await?;
         ops::fenced_unless_one(done.rows_affected())
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
-        let now = self.clock.now();
-        let mut conn = self.acquire().await?;
-        let found = ops::get(&mut conn, key, now).await?;
-        Ok(found.map(|record| Found { record, now }))
+        let row = sqlx::query(GET)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(self.now().map(Timestamp::as_millis))
+            .fetch_optional(&mut *self.acquire().await?)
+            .await?;
+        row.as_ref().map(ops::found).transpose()
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -519,17 +739,112 @@ impl Store for PostgresStore {
     }
 
     async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-        let mut conn = self.acquire().await?;
-        ops::announce(&mut conn, key).await
+        sqlx::query(ANNOUNCE)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(self.lock_timeout_ms())
+            .execute(&mut *self.acquire().await?)
+            .await?;
+        Ok(())
+    }
+
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(FORGET)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(token.0)
+            .bind(state.as_str())
+            .bind(payload(key))
+            .bind(self.lock_timeout_ms())
+            .execute(&mut *self.acquire().await?)
+            .await?;
+        let deleted = done.rows_affected() == 1;
+        if deleted {
+            self.waiters.notify(key);
+        }
+        Ok(deleted)
+    }
+
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let keys: Vec<String> = sqlx::query_scalar(ERASE)
+            .bind(scope)
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .bind(self.lock_timeout_ms())
+            .fetch_all(&mut *self.acquire().await?)
+            .await?;
+        let erased = keys.len() as u64;
+        for key in keys {
+            self.waiters
+                .notify(&RecordKey::stored(scope.to_owned(), key));
+        }
+        Ok(erased)
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let rows = sqlx::query(LIST_IN_FLIGHT)
+            .bind(millis(older_than))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(self.now().map(Timestamp::as_millis))
+            .fetch_all(&mut *self.acquire().await?)
+            .await?;
+        let mut now = None;
+        let mut listed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            now = Some(ops::store_now(row)?);
+            let scope: Option<String> = row.try_get("scope").map_err(StoreError::corrupt)?;
+            let Some(scope) = scope else { continue };
+            let key: String = row.try_get("key").map_err(StoreError::corrupt)?;
+            listed.push(Listed {
+                key: RecordKey::stored(scope, key),
+                record: decode(row)?,
+            });
+        }
+        let now = now.ok_or_else(|| StoreError::corrupt("the listing returned no time"))?;
+        Ok((listed, now))
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let row = sqlx::query(STATS)
+            .bind(self.now().map(Timestamp::as_millis))
+            .fetch_one(&mut *self.acquire().await?)
+            .await?;
+        let count = |column: &str| -> Result<u64, StoreError> {
+            let n: i64 = row.try_get(column).map_err(StoreError::corrupt)?;
+            u64::try_from(n).map_err(StoreError::corrupt)
+        };
+        let oldest: Option<i64> = row
+            .try_get("oldest_in_flight")
+            .map_err(StoreError::corrupt)?;
+        Ok(Stats {
+            in_flight: count("in_flight")?,
+            completed: count("completed")?,
+            released: count("released")?,
+            expired: count("expired")?,
+            forgotten: count("forgotten")?,
+            oldest_in_flight: oldest.map(Timestamp::from_millis),
+            now: ops::store_now(&row)?,
+        })
     }
 }
 
 #[async_trait::async_trait]
 impl Purge for PostgresStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let now = self.clock.now();
-        let mut conn = self.acquire().await?;
-        ops::purge(&mut conn, now, batch).await
+        let done = sqlx::query(PURGE)
+            .bind(self.now().map(Timestamp::as_millis))
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .execute(&mut *self.acquire().await?)
+            .await?;
+        Ok(done.rows_affected())
     }
 }
 
@@ -565,7 +880,7 @@ impl TransactionalStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        ops::complete(tx, key, token, response).await
+        ops::complete(tx, key, token, response, self.lock_timeout_ms()).await
     }
 
     fn committed(&self, key: &RecordKey) {
@@ -576,39 +891,36 @@ impl TransactionalStore for PostgresStore {
 mod ops {
     use super::*;
 
-    /// What one run of the claim statement found.
-    enum Fetched {
-        Inserted,
-        Existing(Record),
-        /// An identical claim's record was deleted (released or purged) between its insert and our
-        /// read of it.
-        Nothing,
-    }
-
-    /// Claims with [`CLAIM`] as the claim-or-fetch statement, then a takeover or replacement if the
-    /// record found allows one.
+    /// Claims with [`CLAIM`]: one statement decides, at the store's time (`now`, or the server's
+    /// clock). It returns nothing only if a record that blocked the insert was deleted before it
+    /// could be locked; it then runs again.
     pub(super) async fn claim(
         conn: &mut PgConnection,
-        claim: &Stamped<'_>,
+        claim: &Claim<'_>,
+        now: Option<Timestamp>,
+        lock_timeout_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..MAX_CLAIM_ATTEMPTS {
-            let record = match claim_or_fetch(conn, claim).await? {
-                Fetched::Inserted => return Ok(claim.won(None)),
-                Fetched::Nothing => continue,
-                Fetched::Existing(record) => record,
+            let row = bind_claim(CLAIM, claim, now, lock_timeout_ms)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(row) = row else { continue };
+            let rule: &str = row.try_get("rule").map_err(StoreError::corrupt)?;
+            let taken_over = match rule {
+                "keep" => return found(&row).map(ClaimOutcome::Existing),
+                "take_over" => true,
+                "insert" | "resume" => false,
+                other => return Err(StoreError::corrupt(format!("unknown claim rule {other:?}"))),
             };
-            if record.is_forgotten(claim.now) {
-                if replace_forgotten(conn, claim, record.token).await? {
-                    return Ok(claim.won(None));
-                }
-            } else if claim.can_take_over(&record) {
-                if take_over(conn, claim, record.token).await? {
-                    return Ok(claim.won(Some(&record)));
-                }
-            } else {
-                return Ok(claim.existing(record));
-            }
-            // Someone changed the record between our read and our update: look again.
+            let time = |column: &str| -> Result<Timestamp, StoreError> {
+                let ms: i64 = row.try_get(column).map_err(StoreError::corrupt)?;
+                Ok(Timestamp::from_millis(ms))
+            };
+            return Ok(ClaimOutcome::Claimed(Claimed {
+                taken_over,
+                created_at: time("created_at")?,
+                expires_at: time("expires_at")?,
+            }));
         }
         Err(StoreError::unavailable(format!(
             "claim of {} did not settle after {MAX_CLAIM_ATTEMPTS} attempts under concurrent changes",
@@ -616,57 +928,12 @@ mod ops {
         )))
     }
 
-    async fn claim_or_fetch(
-        conn: &mut PgConnection,
-        claim: &Stamped<'_>,
-    ) -> Result<Fetched, StoreError> {
-        let row = bind_claim(CLAIM, *claim).fetch_optional(&mut *conn).await?;
-        let Some(row) = row else {
-            return Ok(Fetched::Nothing);
-        };
-        let inserted: bool = row.try_get("inserted").map_err(StoreError::corrupt)?;
-        if inserted {
-            Ok(Fetched::Inserted)
-        } else {
-            decode(&row).map(Fetched::Existing)
-        }
-    }
-
-    async fn replace_forgotten(
-        conn: &mut PgConnection,
-        claim: &Stamped<'_>,
-        seen: FencingToken,
-    ) -> Result<bool, StoreError> {
-        let done = bind_claim(REPLACE_FORGOTTEN, *claim)
-            .bind(seen.0)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn take_over(
-        conn: &mut PgConnection,
-        claim: &Stamped<'_>,
-        seen: FencingToken,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(TAKE_OVER)
-            .bind(claim.key.scope())
-            .bind(claim.key.key())
-            .bind(claim.token.0)
-            .bind(claim.lease_until.as_millis())
-            .bind(seen.0)
-            .bind(claim.now.as_millis())
-            .bind(claim.fingerprint.0.as_slice())
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     pub(super) async fn complete(
         conn: &mut PgConnection,
         key: &RecordKey,
         token: FencingToken,
         response: &StoredResponse,
+        lock_timeout_ms: i64,
     ) -> Result<(), StoreError> {
         // `SELECT CASE … pg_notify(...) END FROM completed` returns one row per completed record,
         // notified or not.
@@ -678,63 +945,24 @@ mod ops {
             .bind(response.encode_headers())
             .bind(response.body.as_ref())
             .bind(payload(key))
+            .bind(lock_timeout_ms)
             .execute(&mut *conn)
             .await?;
         fenced_unless_one(done.rows_affected())
     }
 
-    pub(super) async fn announce(
-        conn: &mut PgConnection,
-        key: &RecordKey,
-    ) -> Result<(), StoreError> {
-        sqlx::query(ANNOUNCE)
-            .bind(key.scope())
-            .bind(key.key())
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
+    /// The store's time a statement read by (its `store_now` column).
+    pub(super) fn store_now(row: &PgRow) -> Result<Timestamp, StoreError> {
+        let ms: i64 = row.try_get("store_now").map_err(StoreError::corrupt)?;
+        Ok(Timestamp::from_millis(ms))
     }
 
-    pub(super) async fn release(
-        conn: &mut PgConnection,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        let done = sqlx::query(RELEASE)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(token.0)
-            .bind(payload(key))
-            .execute(&mut *conn)
-            .await?;
-        fenced_unless_one(done.rows_affected())
-    }
-
-    pub(super) async fn get(
-        conn: &mut PgConnection,
-        key: &RecordKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(GET)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(now.as_millis())
-            .fetch_optional(&mut *conn)
-            .await?;
-        row.as_ref().map(decode).transpose()
-    }
-
-    pub(super) async fn purge(
-        conn: &mut PgConnection,
-        now: Timestamp,
-        batch: usize,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(PURGE)
-            .bind(now.as_millis())
-            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected())
+    /// A row of the record columns and the store's time.
+    pub(super) fn found(row: &PgRow) -> Result<Found, StoreError> {
+        Ok(Found {
+            record: decode(row)?,
+            now: store_now(row)?,
+        })
     }
 
     pub(super) fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
@@ -827,6 +1055,7 @@ fn decode(row: &PgRow) -> Result<Record, StoreError> {
         })?;
     let state: &str = row.try_get("state").map_err(StoreError::corrupt)?;
     let state = match state {
+        "released" => RecordState::Released,
         "in_flight" => RecordState::InFlight {
             lease_until: Timestamp::from_millis(get_i64("lease_until")?),
         },

@@ -265,8 +265,8 @@ async fn replays_do_not_write() {
     assert_ne!(version(store.pool().clone(), in_flight).await, claimed);
 }
 
-/// A replay's claim statement is a primary-key read: PostgreSQL never executes its insert branch
-/// (`idem.insert_claim`), whose cost a replay would otherwise pay. A new key does execute it, once.
+/// A replay's claim statement is a primary-key read: PostgreSQL never executes its write branch
+/// (`idem.claim`), whose cost a replay would otherwise pay. A new key does execute it, once.
 /// Read from `EXPLAIN ANALYZE` of the statement the store issues, with the store's binds.
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,14 +280,14 @@ async fn replays_never_execute_the_insert() {
         async move {
             let claim = claim_of(&key, FencingToken::generate());
             let explain = format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {CLAIM_STATEMENT}");
-            let rows = bind_claim(&explain, &claim, T0)
+            let rows = bind_claim(&explain, &claim, None)
                 .fetch_all(&pool)
                 .await
                 .expect("explain the claim statement");
             rows.iter()
                 .map(|row| row.get::<String, _>(0))
-                .find(|line| line.contains("Function Scan on insert_claim"))
-                .unwrap_or_else(|| panic!("no insert_claim node in the plan of {key}"))
+                .find(|line| line.contains("Function Scan on claim"))
+                .unwrap_or_else(|| panic!("no idem.claim node in the plan of {key}"))
         }
     };
     let replay = plan(existing.clone()).await;
@@ -419,8 +419,8 @@ async fn undecodable_record_is_corrupt() {
 /// The READ COMMITTED case: a claim whose insert waits on another transaction's uncommitted insert of
 /// the same key finds, once that commits, neither its own row (conflict) nor, under the snapshot its
 /// read took, the other's. It must read again and return the other's record, never claim it too.
-/// The claim statement itself does that read (inside `idem.insert_claim`, under a new snapshot): one
-/// row, not inserted, their token, rather than nothing and a second run of the statement.
+/// The claim statement itself does that read (inside `idem.claim`, under a new snapshot, locked):
+/// one row, kept, their token, rather than nothing and a second run of the statement.
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
@@ -456,12 +456,12 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
         async move {
             let mut conn = options.connect().await.expect("a connection of its own");
             let claim = claim_of(&key, FencingToken::generate());
-            bind_claim(CLAIM_STATEMENT, &claim, T0)
+            bind_claim(CLAIM_STATEMENT, &claim, Some(T0))
                 .fetch_all(&mut conn)
                 .await
                 .expect("the claim statement")
                 .iter()
-                .map(|row| (row.get::<bool, _>("inserted"), row.get::<i64, _>("token")))
+                .map(|row| (row.get::<String, _>("rule"), row.get::<i64, _>("token")))
                 .collect::<Vec<_>>()
         }
     });
@@ -472,7 +472,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                 AND query LIKE '%idem.insert_claim%'",
+                 AND query LIKE '%idem.claim(%'",
             )
             .fetch_one(&pool)
             .await
@@ -490,7 +490,7 @@ async fn claim_racing_an_uncommitted_insert_returns_it_once_committed() {
 
     assert_eq!(
         statement.await.expect("join"),
-        vec![(false, theirs.0)],
+        vec![("keep".to_owned(), theirs.0)],
         "the statement returns their record, read inside the function"
     );
 
