@@ -5,14 +5,15 @@
 //! Every backend instance (each case) gets a fresh database on the server at
 //! `IDEM_TEST_POSTGRES_URL` ([`TestDb`]), dropped when the case ends.
 
-use idem_runtime::clock::Clock;
+use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::sqlx::postgres::{PgConnectOptions, PgPool};
 use idem_runtime::sqlx::{self, ConnectOptions, Row};
 use idem_runtime::store::postgres::testing::{bind_claim, CLAIM_STATEMENT};
 use idem_runtime::store::postgres::PostgresStore;
+use idem_runtime::store::Purge;
 use idem_runtime::store::{Claim, ClaimOutcome, Claimed, Found};
-use idem_runtime::{FencingToken, RecordState, Store, StoreErrorKind};
-use idem_tests::conformance::{fp, fresh_key, response, Backend, T0};
+use idem_runtime::{Begin, Engine, FencingToken, RecordState, Rejection, Store, StoreErrorKind};
+use idem_tests::conformance::{fp, fresh_key, policy, response, Backend, T0};
 use idem_tests::services::TestDb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -592,5 +593,169 @@ where
                 );
             }
         }
+    }
+}
+
+/// The server's clock, in milliseconds since the Unix epoch, as the store's statements read it.
+async fn server_now(pool: &PgPool) -> Timestamp {
+    let ms: i64 =
+        sqlx::query_scalar("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(pool)
+            .await
+            .expect("the server's clock");
+    Timestamp::from_millis(ms)
+}
+
+/// Two instances on stores that judge by the server's clock (no `with_clock`: the path a service
+/// runs), whose own clocks are a day ahead and a day behind: every instant comes from the server,
+/// neither takes over the other's live claim, a lease the server sees ended is taken over whatever
+/// either clock says, and a sweep from either deletes nothing retained.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_clock_decides_whatever_the_instances_clocks_say() {
+    let db = TestDb::create().await;
+    let (a, b) = (Arc::new(db.store().await), Arc::new(db.store().await));
+    let day = Duration::from_secs(24 * 3600);
+    let start = server_now(a.pool()).await;
+    let ahead = Engine::from_arc(a.clone()).with_clock(ManualClock::new(start + day));
+    let behind_at = Timestamp::from_millis(start.as_millis() - day.as_millis() as i64);
+    let behind = Engine::from_arc(b.clone()).with_clock(ManualClock::new(behind_at));
+    let policy = policy();
+
+    // A live claim from the instance ahead: stamped by the server, held against the one behind.
+    let key = fresh_key();
+    let Ok(Begin::Execute(guard)) = ahead.begin(key.clone(), fp("a"), &policy).await else {
+        panic!("a new key executes");
+    };
+    let found = b.get(&key).await.expect("get").expect("the record");
+    let end = server_now(a.pool()).await;
+    let record = &found.record;
+    assert!(
+        start <= record.created_at && record.created_at <= end,
+        "{record:?} not within the server's [{start:?}, {end:?}]"
+    );
+    assert!(start <= found.now && found.now <= end, "{found:?}");
+    assert_eq!(
+        record.expires_at,
+        record.created_at + Duration::from_secs(3600)
+    );
+    assert_eq!(guard.expires_at(), record.expires_at);
+    let held = behind.begin(key.clone(), fp("a"), &policy).await;
+    assert!(matches!(held, Err(Rejection::InFlight { .. })), "{held:?}");
+    // Neither instance's sweep deletes it.
+    for store in [&a, &b] {
+        assert_eq!(store.purge_expired(100).await.expect("purge"), 0);
+    }
+    guard.complete(&response("a")).await.expect("complete");
+    match behind.begin(key.clone(), fp("a"), &policy).await {
+        Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
+        other => panic!("the instance behind replays: {other:?}"),
+    }
+
+    // A lease the server sees ended (zero long) is taken over, by either instance.
+    for (store, other) in [(&a, &b), (&b, &a)] {
+        let key = fresh_key();
+        let dead = Claim {
+            lease: Duration::ZERO,
+            ..claim_of(&key, FencingToken::generate())
+        };
+        assert!(matches!(
+            store.claim(&dead).await.expect("claim"),
+            ClaimOutcome::Claimed(_)
+        ));
+        let heir = claim_of(&key, FencingToken::generate());
+        match other.claim(&heir).await.expect("claim") {
+            ClaimOutcome::Claimed(claimed) => assert!(claimed.taken_over, "{claimed:?}"),
+            other => panic!("the ended lease is taken over: {other:?}"),
+        }
+        // And the heir's live lease is held against the first.
+        let again = claim_of(&key, FencingToken::generate());
+        assert!(matches!(
+            store.claim(&again).await.expect("claim"),
+            ClaimOutcome::Existing(Found { .. })
+        ));
+    }
+}
+
+/// A row lock held by a transaction that stalled (it neither commits nor rolls back) never holds
+/// the store's statements: a claim that must lock the record (here, to take over an ended lease),
+/// a renewal, a completion and a release each fail as Unavailable after the lock timeout and change
+/// nothing; the timeout never leaks into the pooled session; once the transaction ends, the claim
+/// goes through.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_transactions_row_lock_fails_statements_as_unavailable() {
+    let db = TestDb::create().await;
+    // One connection, so that the session checked below is the one the statements ran on.
+    let pool = PostgresStore::pool_options()
+        .max_connections(1)
+        .connect_with(db.options())
+        .await
+        .expect("connect");
+    let store = PostgresStore::from_pool(pool)
+        .await
+        .expect("migrate")
+        .with_lock_timeout(Duration::from_millis(100));
+    let key = fresh_key();
+    let first = FencingToken::generate();
+    let dead = Claim {
+        lease: Duration::ZERO,
+        ..claim_of(&key, first)
+    };
+    store.claim(&dead).await.expect("claim");
+
+    let stalled_pool = db.pool().await;
+    let mut stalled = stalled_pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM idem.records WHERE scope = $1 AND key = $2 FOR UPDATE")
+        .bind(key.scope())
+        .bind(key.key())
+        .execute(&mut *stalled)
+        .await
+        .expect("lock the record");
+
+    let heir = claim_of(&key, FencingToken::generate());
+    let unavailable = |result: Result<(), idem_runtime::StoreError>, what: &str| {
+        let error = result.expect_err(what);
+        assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{what}: {error}");
+    };
+    let claim = tokio::time::timeout(GENEROUS, store.claim(&heir))
+        .await
+        .expect("the claim does not wait on the lock");
+    unavailable(claim.map(drop), "claim");
+    let renew = tokio::time::timeout(GENEROUS, store.renew(&key, first, Duration::ZERO))
+        .await
+        .expect("the renewal does not wait on the lock");
+    unavailable(renew, "renew");
+    let complete = tokio::time::timeout(GENEROUS, store.complete(&key, first, &response("a")))
+        .await
+        .expect("the completion does not wait on the lock");
+    unavailable(complete, "complete");
+    let release = tokio::time::timeout(GENEROUS, store.release(&key, first))
+        .await
+        .expect("the release does not wait on the lock");
+    unavailable(release, "release");
+
+    let session: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(store.pool())
+        .await
+        .expect("the session's lock timeout");
+    assert_eq!(session, "0", "the statements' timeout stays local to them");
+    let (token, state): (i64, String) =
+        sqlx::query_as("SELECT token, state FROM idem.records WHERE scope = $1 AND key = $2")
+            .bind(key.scope())
+            .bind(key.key())
+            .fetch_one(&stalled_pool)
+            .await
+            .expect("the record");
+    assert_eq!(
+        (token, state.as_str()),
+        (first.0, "in_flight"),
+        "nothing changed"
+    );
+
+    stalled.rollback().await.expect("rollback");
+    match store.claim(&heir).await.expect("claim") {
+        ClaimOutcome::Claimed(claimed) => assert!(claimed.taken_over),
+        other => panic!("taken over once the lock is gone: {other:?}"),
     }
 }

@@ -116,9 +116,15 @@ impl Backend for Postgres {
             .await
             .expect("count")
     }
+    /// A released record counts as none, as the suite means it: the key is free, with neither a
+    /// claim nor a response (the store keeps it for its request to resume; see
+    /// `a_rolled_back_claim_is_kept_released` for the row itself).
     async fn record(&self, user: &str, key: &str) -> Option<Record> {
         let found = self.store.get(&RecordKey::new(user, key)).await;
-        found.expect("get").map(|found| found.record)
+        found
+            .expect("get")
+            .map(|found| found.record)
+            .filter(|record| record.state != RecordState::Released)
     }
     /// EXCLUSIVE mode lets plain reads through and blocks every insert, update and delete.
     async fn lock_writes(&self) -> Box<dyn WriteLock> {
@@ -313,4 +319,65 @@ async fn duplicates_during_a_slow_commit_replay_it() {
     }
     assert_eq!(b.ledger_rows().await, 1);
     assert_eq!(b.controls().runs(), 1);
+}
+
+/// A transactional claim rolled back (by hand here; a 5xx or a panic does the same) rolls the
+/// business write back and keeps idem's record as released, its times kept (one row, no lease, no
+/// response): the retry of the same request resumes it as the same record, with the same
+/// downstream key, and completes it.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_claim_is_kept_released() {
+    use idem_runtime::transaction::TxBegin;
+    use idem_runtime::{Fingerprint, Policy, StoredResponse};
+    let b = setup(None).await;
+    let policy = Policy::new();
+    let fp = Fingerprint::of_request("POST", "/by-hand", None, b"x");
+    let key = RecordKey::new("ines", "undone");
+    let Ok(TxBegin::Execute(mut claim)) = b.txn.begin(key.clone(), fp, &policy).await else {
+        panic!("a fresh key executes");
+    };
+    let downstream = claim.guard.downstream_key();
+    let row = Row {
+        id: "kept-1",
+        owner: "ines",
+        amount: 3,
+        parent: None,
+    };
+    claim.tx.insert(&row).await.expect("write");
+    claim.rollback().await.expect("rollback");
+    assert_eq!(b.ledger_rows().await, 0, "the write is rolled back");
+    let rows: Vec<(String, Option<i64>, Option<i32>, i64)> = sqlx::query_as(
+        "SELECT state, lease_until, status, created_at FROM idem.records \
+         WHERE scope = $1 AND key = $2",
+    )
+    .bind(key.scope())
+    .bind(key.key())
+    .fetch_all(&b.checks)
+    .await
+    .expect("the record's row");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1, rows[0].2),
+        ("released", None, None)
+    );
+    assert_eq!(rows[0].3, START_MS, "its creation kept");
+
+    b.clock.advance(Duration::from_secs(1));
+    let Ok(TxBegin::Execute(mut again)) = b.txn.begin(key.clone(), fp, &policy).await else {
+        panic!("the retry executes");
+    };
+    assert!(!again.guard.taken_over(), "resumed, not taken over");
+    assert_eq!(again.guard.downstream_key(), downstream, "the same record");
+    again.tx.insert(&row).await.expect("write");
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: "made".into(),
+    };
+    again.complete(&response).await.expect("commit");
+    assert_eq!(b.ledger_rows().await, 1);
+    let record = b.record("ines", "undone").await.expect("completed");
+    assert_eq!(record.created_at, Timestamp::from_millis(START_MS));
+    assert!(matches!(record.state, RecordState::Completed { .. }));
 }
