@@ -759,3 +759,89 @@ async fn a_stalled_transactions_row_lock_fails_statements_as_unavailable() {
         other => panic!("taken over once the lock is gone: {other:?}"),
     }
 }
+
+/// A database an earlier idem migrated (the migrations before released records and the server's
+/// time), holding its records, upgrades in place when this idem starts: the records it held are
+/// read, completed and released as before, and a release now keeps the record.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_of_an_earlier_version_upgrades_in_place() {
+    const EARLIER: [&str; 3] = [
+        "20261130000001_idem_records.sql",
+        "20261201000000_idem_records_watched.sql",
+        "20261202000000_idem_insert_claim.sql",
+    ];
+    let db = TestDb::create().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../idem-runtime/migrations/postgres");
+    for file in EARLIER {
+        std::fs::copy(source.join(file), dir.path().join(file)).expect("copy a migration");
+    }
+    // As the earlier idem ran them: in the `idem` schema, with their history there.
+    let earlier = PostgresStore::pool_options()
+        .max_connections(1)
+        .connect_with(db.options().options([("search_path", "idem")]))
+        .await
+        .expect("connect");
+    sqlx::query("CREATE SCHEMA idem")
+        .execute(&earlier)
+        .await
+        .expect("schema");
+    sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("the earlier migrator")
+        .run(&earlier)
+        .await
+        .expect("the earlier migrations");
+    // Two claims in flight, as the earlier idem wrote them (times on an instance's clock).
+    let (done, undone) = (fresh_key(), fresh_key());
+    for key in [&done, &undone] {
+        sqlx::query(
+            "INSERT INTO idem.records \
+             (scope, key, fingerprint, token, created_at, expires_at, retain_until, state, lease_until) \
+             VALUES ($1, $2, $3, 7, $4, $5, $6, 'in_flight', $7)",
+        )
+        .bind(key.scope())
+        .bind(key.key())
+        .bind(fp("a").0.as_slice())
+        .bind(T0.as_millis())
+        .bind((T0 + Duration::from_secs(3600)).as_millis())
+        .bind((T0 + Duration::from_secs(4 * 3600)).as_millis())
+        .bind((T0 + Duration::from_secs(30)).as_millis())
+        .execute(&earlier)
+        .await
+        .expect("an earlier record");
+    }
+    earlier.close().await;
+
+    let store = db.store().await.with_clock(ManualClock::new(T0));
+    let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM idem._sqlx_migrations")
+        .fetch_one(store.pool())
+        .await
+        .expect("history");
+    assert_eq!(versions, 4, "the earlier three and this one");
+    store
+        .complete(&done, FencingToken(7), &response("a"))
+        .await
+        .expect("an earlier claim completes");
+    store
+        .release(&undone, FencingToken(7))
+        .await
+        .expect("an earlier claim is released");
+    let released = store.get(&undone).await.expect("get").expect("kept");
+    assert_eq!(released.record.state, RecordState::Released);
+    assert_eq!(released.record.created_at, T0);
+    match store
+        .claim(&claim_of(&undone, FencingToken::generate()))
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Claimed(claimed) => {
+            assert_eq!((claimed.created_at, claimed.taken_over), (T0, false));
+        }
+        other => panic!("the same request resumes its record: {other:?}"),
+    }
+    let stats = store.stats().await.expect("stats");
+    assert_eq!((stats.in_flight, stats.completed), (1, 1), "{stats:?}");
+}
