@@ -696,6 +696,13 @@ async fn a_stalled_transactions_row_lock_fails_statements_as_unavailable() {
         .await
         .expect("migrate")
         .with_lock_timeout(Duration::from_millis(100));
+    let show = async || -> String {
+        sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(store.pool())
+            .await
+            .expect("the session's lock timeout")
+    };
+    let configured = show().await;
     let key = fresh_key();
     let first = FencingToken::generate();
     let dead = Claim {
@@ -735,11 +742,11 @@ async fn a_stalled_transactions_row_lock_fails_statements_as_unavailable() {
         .expect("the release does not wait on the lock");
     unavailable(release, "release");
 
-    let session: String = sqlx::query_scalar("SHOW lock_timeout")
-        .fetch_one(store.pool())
-        .await
-        .expect("the session's lock timeout");
-    assert_eq!(session, "0", "the statements' timeout stays local to them");
+    assert_eq!(
+        show().await,
+        configured,
+        "the statements' timeout stays local to them"
+    );
     let (token, state): (i64, String) =
         sqlx::query_as("SELECT token, state FROM idem.records WHERE scope = $1 AND key = $2")
             .bind(key.scope())
