@@ -852,3 +852,52 @@ async fn a_database_of_an_earlier_version_upgrades_in_place() {
     let stats = store.stats().await.expect("stats");
     assert_eq!((stats.in_flight, stats.completed), (1, 1), "{stats:?}");
 }
+
+/// The operator's deletions wake waiters on other instances too (through NOTIFY, for records a
+/// waiter announced): a forgotten record's, and each of an erased scope's.
+#[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_and_erase_wake_waiters_on_another_instance() {
+    use idem_runtime::store::StateKind;
+    let db = TestDb::create().await;
+    let (a, b) = (db.store().await, db.store().await);
+
+    let forgotten = fresh_key();
+    let token = FencingToken::generate();
+    a.claim(&claim_of(&forgotten, token)).await.expect("claim");
+    let mut waiting = b.subscribe(&forgotten);
+    b.announce_waiter(&forgotten).await.expect("announce");
+    assert!(a
+        .forget(&forgotten, token, StateKind::InFlight)
+        .await
+        .expect("forget"));
+    tokio::time::timeout(GENEROUS, waiting.changed())
+        .await
+        .expect("B's waiter woken by A's forget");
+
+    let scope = format!("erased-{}", uuid::Uuid::new_v4());
+    let keys: Vec<idem_runtime::RecordKey> = (0..3)
+        .map(|i| idem_runtime::RecordKey::new(scope.clone(), format!("k{i}")))
+        .collect();
+    let mut subscriptions = Vec::new();
+    for key in &keys {
+        a.claim(&claim_of(key, FencingToken::generate()))
+            .await
+            .expect("claim");
+        subscriptions.push(b.subscribe(key));
+        b.announce_waiter(key).await.expect("announce");
+    }
+    assert_eq!(a.erase_scope(&scope, 2).await.expect("erase"), 2);
+    assert_eq!(a.erase_scope(&scope, 2).await.expect("erase"), 1);
+    for mut subscription in subscriptions {
+        tokio::time::timeout(GENEROUS, subscription.changed())
+            .await
+            .expect("B's waiter woken by A's erase");
+    }
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem.records WHERE scope = $1")
+        .bind(&scope)
+        .fetch_one(a.pool())
+        .await
+        .expect("count");
+    assert_eq!(left, 0);
+}
