@@ -106,7 +106,8 @@
 
 use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
 use super::{
-    Claim, ClaimOutcome, Found as Seen, Purge, Stamped, Store, StoreError, Subscription, Waiters,
+    Claim, ClaimOutcome, ClaimRule, Claimed, Found as Seen, Listed, Purge, StateKind, Stats, Store,
+    StoreError, Subscription, Waiters,
 };
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::fingerprint::Fingerprint;
@@ -130,46 +131,58 @@ use tokio::sync::{mpsc, oneshot};
 /// How long a statement waits for another connection's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How many times a claim is retried when the record it lost to vanishes before it can be read
-/// (released in between). Each retry needs another release to race it, so this is never reached in
-/// practice; it only rules out an unbounded loop.
+/// How many times a claim is retried when the record it lost to vanishes or changes before it can
+/// be read (forgotten by an operator, or released, in between). Each retry needs another such
+/// write to race it, so this is never reached in practice; it only rules out an unbounded loop.
 const CLAIM_ATTEMPTS: usize = 8;
 
 /// The claim, for each `(scope, key, token, fingerprint, now, expires_at, retain_until, lease_until)`
-/// row. A row's `now` is stored as `created_at`, so `excluded.created_at` is the claim's `now`. The
-/// `DO UPDATE` applies only to a record past retention (replaced as if absent: every column from the
-/// claim, `takeovers` reset) or to one that [can be taken over](super::Claim::can_take_over) (new
-/// token and lease; `created_at`, `expires_at` and `retain_until` kept; `takeovers` counted). All
+/// row: [`Claim::decide`] in SQL. A row's `now` is stored as `created_at`, so `excluded.created_at`
+/// is the claim's `now`. The `DO UPDATE` applies to a record the claim replaces ([`FRESH`]: past
+/// retention, or released by another request; every column from the claim, as a fresh record), to
+/// one it takes over (in flight past its lease, the same request, not expired) and to one it
+/// resumes (released by the same request, not expired): those two get the new token and lease and
+/// keep `created_at`, `expires_at` and `retain_until`. `claimed_by` says which, for the answer. All
 /// `SET` expressions read the row as it was before the update. A second claim of a key within one
 /// statement finds the first's fresh record, which it takes only as it would in a statement of its
 /// own (past that record's lease or retention at its own `now`).
 const CLAIM: &str = r#"
 INSERT INTO idem_records
-    (scope, key, token, fingerprint, created_at, expires_at, retain_until, state, lease_until, takeovers)
+    (scope, key, token, fingerprint, created_at, expires_at, retain_until, state, lease_until,
+     takeovers, claimed_by)
 VALUES {rows}
 ON CONFLICT (scope, key) DO UPDATE SET
+    claimed_by   = CASE WHEN {fresh} THEN 'insert'
+                        WHEN idem_records.state = 'released' THEN 'resume'
+                        ELSE 'take_over' END,
+    takeovers    = CASE WHEN {fresh} THEN 0
+                        WHEN idem_records.state = 'released' THEN idem_records.takeovers
+                        ELSE idem_records.takeovers + 1 END,
     fingerprint  = excluded.fingerprint,
     token        = excluded.token,
     state        = 'in_flight',
     lease_until  = excluded.lease_until,
-    created_at   = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN excluded.created_at ELSE idem_records.created_at END,
-    expires_at   = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN excluded.expires_at ELSE idem_records.expires_at END,
-    retain_until = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN excluded.retain_until ELSE idem_records.retain_until END,
-    takeovers    = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN 0 ELSE idem_records.takeovers + 1 END,
+    created_at   = CASE WHEN {fresh} THEN excluded.created_at ELSE idem_records.created_at END,
+    expires_at   = CASE WHEN {fresh} THEN excluded.expires_at ELSE idem_records.expires_at END,
+    retain_until = CASE WHEN {fresh} THEN excluded.retain_until ELSE idem_records.retain_until END,
     status       = NULL,
     headers      = NULL,
     body         = NULL
-WHERE idem_records.retain_until <= excluded.created_at
-   OR (idem_records.state = 'in_flight'
-       AND idem_records.lease_until <= excluded.created_at
-       AND idem_records.fingerprint = excluded.fingerprint
-       AND excluded.created_at < idem_records.expires_at)
-RETURNING scope, key, token, takeovers
+WHERE {fresh}
+   OR ({same} AND (idem_records.state = 'released'
+                   OR (idem_records.state = 'in_flight'
+                       AND idem_records.lease_until <= excluded.created_at)))
+RETURNING scope, key, token, claimed_by, created_at, expires_at
 "#;
+
+/// The record a claim finds is the same request's, and not expired at the claim's `now`.
+const SAME: &str = "(idem_records.fingerprint = excluded.fingerprint
+        AND excluded.created_at < idem_records.expires_at)";
+
+/// The record a claim finds counts as absent: past retention, or released by another request
+/// ([`ClaimRule::Insert`]).
+const FRESH: &str = "(idem_records.retain_until <= excluded.created_at
+        OR (idem_records.state = 'released' AND NOT {same}))";
 
 /// The completion of each in-flight record still held by the row's token.
 const COMPLETE: &str = r#"
@@ -179,7 +192,7 @@ SET state = 'completed', lease_until = NULL, status = v.status, headers = v.head
 FROM v
 WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
   AND idem_records.state = 'in_flight'
-RETURNING scope, key, token, 1
+RETURNING scope, key, token
 "#;
 
 const RENEW: &str = r#"
@@ -188,13 +201,18 @@ UPDATE idem_records SET lease_until = v.lease_until
 FROM v
 WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
   AND idem_records.state = 'in_flight'
-RETURNING scope, key, token, 1
+RETURNING scope, key, token
 "#;
 
+/// The release of each in-flight record still held by the row's token: kept, as released, with its
+/// times, for its request's retry to resume.
 const RELEASE: &str = r#"
-DELETE FROM idem_records
-WHERE state = 'in_flight' AND ({rows})
-RETURNING scope, key, token, 1
+WITH v (scope, key, token) AS (VALUES {rows})
+UPDATE idem_records SET state = 'released', lease_until = NULL
+FROM v
+WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
+  AND idem_records.state = 'in_flight'
+RETURNING scope, key, token
 "#;
 
 /// At most `?2` records past retention at `?1`, oldest first, found through the `retain_until` index.
@@ -204,6 +222,40 @@ WHERE rowid IN (
     SELECT rowid FROM idem_records WHERE retain_until <= ?1 ORDER BY retain_until LIMIT ?2
 )
 "#;
+
+/// The record of `(?1, ?2)` if it still carries token `?3` in state `?4`.
+const FORGET: &str =
+    "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = ?4";
+
+/// At most `?2` records of scope `?1`, found through the primary key; their keys.
+const ERASE: &str = r#"
+DELETE FROM idem_records
+WHERE rowid IN (SELECT rowid FROM idem_records WHERE scope = ?1 LIMIT ?2)
+RETURNING key
+"#;
+
+/// In-flight records not past retention at `?1` created at or before `?2`, oldest first, at most
+/// `?3`, through the in-flight index.
+const IN_FLIGHT: &str = "state = 'in_flight' AND retain_until > ?1 AND created_at <= ?2
+    ORDER BY created_at, scope, key LIMIT ?3";
+
+/// The records by state at `?1`, as [`Stats::count`] counts them.
+const STATS: &str = r#"
+SELECT
+    sum(retain_until <= ?1) AS forgotten,
+    sum(retain_until > ?1 AND state = 'released') AS released,
+    sum(retain_until > ?1 AND state <> 'released' AND ?1 >= expires_at) AS expired,
+    sum(retain_until > ?1 AND state = 'completed' AND ?1 < expires_at) AS completed,
+    sum(retain_until > ?1 AND state = 'in_flight' AND ?1 < expires_at) AS in_flight,
+    min(CASE WHEN retain_until > ?1 AND state = 'in_flight' AND ?1 < expires_at
+             THEN created_at END) AS oldest
+FROM idem_records
+"#;
+
+/// `duration` in whole milliseconds, saturating.
+fn duration_millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads share
 /// statements in the store's [batched lookups](self#concurrency), and writes of a kind queued
@@ -340,6 +392,9 @@ fn select_many(n: usize) -> String {
     select_where(&repeat(n, "(scope = ? AND key = ?)", " OR "))
 }
 
+/// How many columns [`select_where`] reads.
+const RECORD_COLUMNS: usize = 12;
+
 /// The records that match `condition`, every column.
 fn select_where(condition: &str) -> String {
     format!(
@@ -363,8 +418,10 @@ type Written = Result<Answer, StoreError>;
 /// What a write's statement did.
 #[derive(Debug)]
 enum Answer {
-    /// It applied to its record: the value it returned (a claim's `takeovers`, `1` for the others).
-    Applied(i64),
+    /// A completion, release or renewal applied to its record.
+    Applied,
+    /// A claim won its record (inserted, took it over or resumed it).
+    Won(Claimed),
     /// It found nothing to apply to. For a claim, the record that stood, read in the same call
     /// (none if it was gone by then).
     Stood(Option<Record>),
@@ -404,14 +461,16 @@ enum Values {
     Release,
 }
 
-impl From<&Stamped<'_>> for Values {
-    fn from(claim: &Stamped<'_>) -> Self {
+impl Values {
+    /// The row of `claim` made at the store's time `now`: the fresh record's instants.
+    fn claim(claim: &Claim<'_>, now: Timestamp) -> Self {
+        let fresh = claim.record(now);
         Values::Claim {
             fingerprint: claim.fingerprint.0,
-            now: claim.now.as_millis(),
-            expires_at: claim.expires_at.as_millis(),
-            retain_until: claim.retain_until.as_millis(),
-            lease_until: claim.lease_until.as_millis(),
+            now: now.as_millis(),
+            expires_at: fresh.expires_at.as_millis(),
+            retain_until: fresh.retain_until.as_millis(),
+            lease_until: (now + claim.lease).as_millis(),
         }
     }
 }
@@ -441,12 +500,19 @@ impl Kind {
     /// The statement that applies `n` writes of this kind.
     fn statement(self, n: usize) -> String {
         let (sql, tuple, separator) = match self {
-            Kind::Claim => (CLAIM, "(?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0)", ", "),
+            Kind::Claim => (
+                CLAIM,
+                "(?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0, 'insert')",
+                ", ",
+            ),
             Kind::Complete => (COMPLETE, "(?, ?, ?, ?, ?, ?)", ", "),
             Kind::Renew => (RENEW, "(?, ?, ?, ?)", ", "),
-            Kind::Release => (RELEASE, "(scope = ? AND key = ? AND token = ?)", " OR "),
+            Kind::Release => (RELEASE, "(?, ?, ?)", ", "),
         };
-        let statement = sql.replace("{rows}", &repeat(n, tuple, separator));
+        let statement = sql
+            .replace("{rows}", &repeat(n, tuple, separator))
+            .replace("{fresh}", FRESH)
+            .replace("{same}", SAME);
         match self {
             // In the same call, each claim's record unless it is the claim's own in-flight one
             // (a claim that won), for the claims that did not win.
@@ -495,11 +561,13 @@ impl Change {
         }
     }
 
-    /// This write's answer in the rows its statement returned (`scope, key, token, value`), followed
-    /// for claims by the rows of the records read after it.
+    /// This write's answer in the rows its statement returned (`scope, key, token`, and for claims
+    /// `claimed_by, created_at, expires_at`), followed for claims by the rows of the records read
+    /// after it.
     fn answer(&self, rows: &[SqliteRow]) -> Written {
-        // Returned rows have four columns, records read more.
-        let row = rows.iter().filter(|row| row.len() == 4).find(|row| {
+        // Returned rows have at most six columns, records read all of theirs.
+        let mut returned = rows.iter().filter(|row| row.len() < RECORD_COLUMNS);
+        let row = returned.find(|row| {
             row.try_get::<i64, _>(2)
                 .is_ok_and(|token| token == self.token)
                 && row.try_get::<&str, _>(1).is_ok_and(|key| key == self.key)
@@ -508,12 +576,10 @@ impl Change {
                     .is_ok_and(|scope| scope == self.scope)
         });
         match row {
-            Some(row) => row
-                .try_get(3)
-                .map(Answer::Applied)
-                .map_err(StoreError::corrupt),
+            Some(row) if self.kind() == Kind::Claim => won(row).map(Answer::Won),
+            Some(_) => Ok(Answer::Applied),
             None => {
-                let read = rows.iter().filter(|row| row.len() > 4);
+                let read = rows.iter().filter(|row| row.len() >= RECORD_COLUMNS);
                 let stood = record_of(read, &self.scope, &self.key);
                 stood.map(decode).transpose().map(Answer::Stood)
             }
@@ -524,6 +590,21 @@ impl Change {
     fn repeats(&self, other: &Change) -> bool {
         self.token == other.token && self.key == other.key && self.scope == other.scope
     }
+}
+
+/// A won claim's returned row (`scope, key, token, claimed_by, created_at, expires_at`).
+fn won(row: &SqliteRow) -> Result<Claimed, StoreError> {
+    let claimed_by: &str = row.try_get(3).map_err(StoreError::corrupt)?;
+    let millis = |i: usize| -> Result<Timestamp, StoreError> {
+        row.try_get::<i64, _>(i)
+            .map(Timestamp::from_millis)
+            .map_err(StoreError::corrupt)
+    };
+    Ok(Claimed {
+        taken_over: claimed_by == "take_over",
+        created_at: millis(4)?,
+        expires_at: millis(5)?,
+    })
 }
 
 type SqliteQuery<'q> = Query<'q, sqlx::Sqlite, SqliteArguments<'q>>;
@@ -844,11 +925,18 @@ impl SqliteStore {
     /// the same `_sqlx_migrations` table do not make it fail. The constructors run it; it is public
     /// for applications that want to list or check it.
     pub fn migrator() -> Migrator {
-        super::migrations::migrator(&[(
-            20261130000000,
-            "idem records",
-            include_str!("../../migrations/sqlite/20261130000000_idem_records.sql"),
-        )])
+        super::migrations::migrator(&[
+            (
+                20261130000000,
+                "idem records",
+                include_str!("../../migrations/sqlite/20261130000000_idem_records.sql"),
+            ),
+            (
+                20261207000000,
+                "idem records released",
+                include_str!("../../migrations/sqlite/20261207000000_idem_records_released.sql"),
+            ),
+        ])
     }
 
     /// The pool, to share with the application or to close on shutdown; closing it closes the store
@@ -894,8 +982,8 @@ impl SqliteStore {
         values: Values,
     ) -> Result<(), StoreError> {
         match self.write(key, token, values).await? {
-            Answer::Applied(_) => Ok(()),
-            Answer::Stood(_) => Err(StoreError::fenced()),
+            Answer::Applied => Ok(()),
+            Answer::Won(_) | Answer::Stood(_) => Err(StoreError::fenced()),
         }
     }
 }
@@ -925,6 +1013,7 @@ fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
                 ),
             }
         }
+        "released" => RecordState::Released,
         "completed" => {
             let status: Option<i64> = row.try_get("status").map_err(StoreError::corrupt)?;
             let status = status.ok_or_else(|| corrupt("completed record without status"))?;
@@ -960,45 +1049,41 @@ impl Store for SqliteStore {
         "sqlite"
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let claim = &claim.stamped(self.clock.now());
+        let now = self.clock.now();
+        let existing = |record| Ok(ClaimOutcome::Existing(Seen { record, now }));
+        let kept = |record: &Record| claim.decide(Some(record), now) == ClaimRule::Keep;
         // A key claimed lately in this process is likely to stand (a retry, a duplicate): it is
         // read first, which under WAL takes neither the write gate nor the file's write lock, and
-        // goes on to the claim statement only if absent, past retention or up for takeover. Any
-        // other key goes straight to the claim statement. Either way that statement decides.
+        // goes on to the claim statement only if the claim would change it. Any other key goes
+        // straight to the claim statement. Either way that statement decides.
         if self.shared.recent.insert(claim.key) {
-            if let Some(record) = self.fetch(claim.key, claim.now).await? {
-                if !claim.can_take_over(&record) {
-                    return Ok(claim.existing(record));
+            if let Some(record) = self.fetch(claim.key, now).await? {
+                if kept(&record) {
+                    return existing(record);
                 }
             }
         }
         for _ in 0..CLAIM_ATTEMPTS {
-            match self.write(claim.key, claim.token, claim.into()).await? {
-                Answer::Applied(0) => return Ok(claim.won(None)),
-                // A takeover keeps the record's times: read them back.
-                Answer::Applied(_) => {
-                    let record = self.fetch(claim.key, claim.now).await?;
-                    let Some(record) = record.filter(|r| r.token == claim.token) else {
-                        continue;
-                    };
-                    return Ok(claim.won(Some(&record)));
-                }
-                // Read in the upsert's transaction: neither past retention nor up for takeover,
-                // or the upsert would have taken it.
-                Answer::Stood(Some(record)) => return Ok(claim.existing(record)),
+            match self
+                .write(claim.key, claim.token, Values::claim(claim, now))
+                .await?
+            {
+                Answer::Won(claimed) => return Ok(ClaimOutcome::Claimed(claimed)),
+                Answer::Applied => return Err(corrupt("a claim returned no claim")),
+                // Read in the upsert's transaction: a record the claim keeps, or the upsert would
+                // have taken it.
+                Answer::Stood(Some(record)) => return existing(record),
                 // The read left the record out: it is in flight under this claim's own token (a
                 // claim sent again, as the engine does after losing an answer). Read it as a
-                // lookup would; claim again if it went meanwhile.
-                Answer::Stood(_) => match self.fetch(claim.key, claim.now).await? {
-                    Some(record) if !claim.can_take_over(&record) => {
-                        return Ok(claim.existing(record))
-                    }
+                // lookup would; claim again if it went or changed meanwhile.
+                Answer::Stood(None) => match self.fetch(claim.key, now).await? {
+                    Some(record) if kept(&record) => return existing(record),
                     _ => continue,
                 },
             }
         }
         Err(StoreError::unavailable(format!(
-            "claim of {} lost {CLAIM_ATTEMPTS} times to records released before they could be read",
+            "claim of {} lost {CLAIM_ATTEMPTS} times to records deleted before they could be read",
             claim.key
         )))
     }
@@ -1052,6 +1137,101 @@ impl Store for SqliteStore {
     /// process; not on those of another process (see the [module documentation](self)).
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.shared.waiters.subscribe(key)
+    }
+
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let done = {
+            let _gate = self.shared.write_gate.lock().await;
+            sqlx::query(FORGET)
+                .bind(key.scope())
+                .bind(key.key())
+                .bind(token.0)
+                .bind(state.as_str())
+                .execute(&self.pool)
+                .await?
+        };
+        let deleted = done.rows_affected() > 0;
+        if deleted {
+            self.shared.waiters.notify(key);
+        }
+        Ok(deleted)
+    }
+
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let keys: Vec<String> = {
+            let _gate = self.shared.write_gate.lock().await;
+            sqlx::query_scalar(ERASE)
+                .bind(scope)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+        };
+        for key in &keys {
+            let key = RecordKey::stored(scope.to_owned(), key.clone());
+            self.shared.waiters.notify(&key);
+        }
+        Ok(keys.len() as u64)
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let now = self.clock.now();
+        // Created at or before `now - older_than`; any age at all when it is zero, as a record
+        // created after `now` (on another clock) counts as being zero old.
+        let before = match older_than.is_zero() {
+            true => i64::MAX,
+            false => now.as_millis().saturating_sub(duration_millis(older_than)),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(&select_where(IN_FLIGHT))
+            .bind(now.as_millis())
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        let listed = rows
+            .iter()
+            .map(|row| {
+                let scope: String = row.try_get("scope").map_err(StoreError::corrupt)?;
+                let key: String = row.try_get("key").map_err(StoreError::corrupt)?;
+                Ok(Listed {
+                    key: RecordKey::stored(scope, key),
+                    record: decode(row)?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok((listed, now))
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let now = self.clock.now();
+        let row = sqlx::query(STATS)
+            .bind(now.as_millis())
+            .fetch_one(&self.pool)
+            .await?;
+        let count = |column: &str| -> Result<u64, StoreError> {
+            let n: Option<i64> = row.try_get(column).map_err(StoreError::corrupt)?;
+            Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get("oldest").map_err(StoreError::corrupt)?;
+        Ok(Stats {
+            in_flight: count("in_flight")?,
+            completed: count("completed")?,
+            released: count("released")?,
+            expired: count("expired")?,
+            forgotten: count("forgotten")?,
+            oldest_in_flight: oldest.map(Timestamp::from_millis),
+            now,
+        })
     }
 }
 
@@ -1505,8 +1685,7 @@ mod tests {
         let mut writes: Vec<Boxed<'_, Written>> = claims
             .iter()
             .map(|c| {
-                Box::pin(store.write(c.key, c.token, (&c.stamped(NOW)).into()))
-                    as Boxed<'_, Written>
+                Box::pin(store.write(c.key, c.token, Values::claim(c, NOW))) as Boxed<'_, Written>
             })
             .collect();
         queue(&mut writes);
@@ -1517,7 +1696,16 @@ mod tests {
         }
         let won: Vec<bool> = answers
             .iter()
-            .map(|answer| matches!(answer, Answer::Applied(0)))
+            .map(|answer| {
+                matches!(
+                    answer,
+                    Answer::Won(Claimed {
+                        taken_over: false,
+                        created_at: NOW,
+                        ..
+                    })
+                )
+            })
             .collect();
         assert_eq!(won.iter().filter(|&&w| w).count(), 2, "{answers:?}");
         assert!(won[3], "the other key's claim won");
