@@ -44,5 +44,5 @@ ALTER TABLE idem_records_v2 RENAME TO idem_records;
 -- Purging deletes by retain_until in batches; without this index every batch scans the table.
 CREATE INDEX IF NOT EXISTS idem_records_retain_until ON idem_records (retain_until);
 -- Operators list the claims in flight oldest first (and the oldest is counted) without a scan.
-CREATE INDEX IF NOT EXISTS idem_records_in_flight ON idem_records (created_at)
+CREATE INDEX IF NOT EXISTS idem_records_in_flight ON idem_records (created_at, scope, key)
     WHERE state = 'in_flight';

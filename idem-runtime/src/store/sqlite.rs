@@ -15,14 +15,15 @@
 //!
 //! # How the contract is kept
 //!
-//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention, or can be
-//!   taken over> RETURNING …, takeovers` decides atomically. A returned row means this claim won
-//!   (`takeovers > 0` tells a takeover from a fresh record); no row means the record stays as it
-//!   is, and the same call reads it by primary key, in the same transaction, for the answer. So a
-//!   new key costs one trip to the database.
+//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <replace, take over or
+//!   resume> RETURNING …, claimed_by, created_at, expires_at` applies [`Claim::decide`]'s rule
+//!   atomically. A returned row means this claim won (`claimed_by` tells a takeover from a fresh or
+//!   resumed record, and the times are the record's); no row means the record stays as it is, and
+//!   the same call reads it by primary key, in the same transaction, for the answer. So a new key
+//!   costs one trip to the database.
 //!
 //!   A key this process claimed lately (a retry, a waiting duplicate) is likely to stand, so its
-//!   claim reads first: a record that stands (completed, in flight under a live lease, another
+//!   claim reads first: a record the claim keeps (completed, in flight under a live lease, another
 //!   fingerprint, expired but retained) is returned from that read, which takes no write lock.
 //!   Which path a key takes is only a guess, from a fixed table of the hashes of recent keys (64k
 //!   slots, 512 KiB per database file); the claim statement is the check either relies on. A retry
@@ -34,10 +35,19 @@
 //!   mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they
 //!   never hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
 //!   regardless of the busy timeout.
-//! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
-//!   'in_flight'`; no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
+//! - **Complete / release / renew**: one `UPDATE` guarded by `token = ? AND state = 'in_flight'`;
+//!   no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced). A release
+//!   keeps the record, as `released` with its times, for its request's retry to resume.
 //! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
 //!   an index on `retain_until`, so the sweeper never holds the write lock for long.
+//! - **Time** is the store's: this process's clock, or the one given to
+//!   [`with_clock`](SqliteStore::with_clock). Each call reads it once and sets and judges every
+//!   instant by it; the engine sends durations only.
+//! - **The operator's operations**: `forget` is one `DELETE` guarded by token and state;
+//!   `erase_scope` deletes a batch of a scope's records through the primary key (whose first column
+//!   is the scope); `list_in_flight` reads the oldest claims in flight through an index of in-flight
+//!   records by creation; `stats` counts every record in one pass over the table. Forgetting and
+//!   erasing wake the keys' waiters.
 //!
 //! # Concurrency
 //!
@@ -103,6 +113,9 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A migration that changes a constraint rebuilds `idem_records` (SQLite cannot alter one in
+//! place): the records are kept, and triggers of your own on the table must be created again.
 
 use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
 use super::{
@@ -256,6 +269,20 @@ FROM idem_records
 fn duration_millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// Every file of `migrations/sqlite/`, in order.
+const MIGRATIONS: &[super::migrations::Embedded] = &[
+    (
+        20261130000000,
+        "idem records",
+        include_str!("../../migrations/sqlite/20261130000000_idem_records.sql"),
+    ),
+    (
+        20261207000000,
+        "idem records released",
+        include_str!("../../migrations/sqlite/20261207000000_idem_records_released.sql"),
+    ),
+];
 
 /// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads share
 /// statements in the store's [batched lookups](self#concurrency), and writes of a kind queued
@@ -665,8 +692,8 @@ async fn write_batches(
             }
         }
         let mut healthy = true;
-        // By kind; releases and completions first, so that claims queued beside them see their
-        // records go.
+        // By kind; releases and completions first, so that claims queued beside them find their
+        // records released (to resume or replace) or completed.
         batch.sort_by_key(|write| write.row.kind());
         while let Some(kind) = batch.first().map(|write| write.row.kind()) {
             let n = batch.iter().take_while(|w| w.row.kind() == kind).count();
@@ -925,18 +952,7 @@ impl SqliteStore {
     /// the same `_sqlx_migrations` table do not make it fail. The constructors run it; it is public
     /// for applications that want to list or check it.
     pub fn migrator() -> Migrator {
-        super::migrations::migrator(&[
-            (
-                20261130000000,
-                "idem records",
-                include_str!("../../migrations/sqlite/20261130000000_idem_records.sql"),
-            ),
-            (
-                20261207000000,
-                "idem records released",
-                include_str!("../../migrations/sqlite/20261207000000_idem_records_released.sql"),
-            ),
-        ])
+        super::migrations::migrator(MIGRATIONS)
     }
 
     /// The pool, to share with the application or to close on shutdown; closing it closes the store
@@ -1410,6 +1426,22 @@ mod tests {
             .expect("analyze");
         let purge = plan(&store, PURGE, 2).await;
         assert!(purge.contains("idem_records_retain_until"), "{purge}");
+        // The operator's statements: by the primary key, or the in-flight index, never a scan.
+        let in_flight = plan(&store, &select_where(IN_FLIGHT), 3).await;
+        assert!(
+            in_flight.contains("USING INDEX idem_records_in_flight")
+                && !in_flight.contains("SCAN idem_records")
+                && !in_flight.contains("TEMP B-TREE"),
+            "{in_flight}"
+        );
+        for sql in [ERASE, FORGET] {
+            let found = plan(&store, sql, sql.matches('?').count()).await;
+            assert!(
+                found.contains("INDEX sqlite_autoindex_idem_records_1 (scope=?")
+                    && !found.contains("SCAN idem_records"),
+                "{found}"
+            );
+        }
         for n in [1, 8] {
             let select = plan(&store, &select_many(n), 2 * n).await;
             assert!(
@@ -2043,6 +2075,219 @@ mod tests {
             .execute(&mut *writer)
             .await
             .expect("unlock");
+    }
+
+    /// A database made by the first migration alone (idem before released records) upgrades when
+    /// a store opens it: its records are kept as they were, the table then holds released records,
+    /// and its indexes are there under their names.
+    #[tokio::test]
+    async fn an_existing_database_upgrades_and_keeps_its_records() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+        let pool = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("pool");
+        super::super::migrations::migrator(&MIGRATIONS[..1])
+            .run(&pool)
+            .await
+            .expect("the first migration");
+        let fp = [9u8; 32];
+        for (key, state, lease, status, takeovers) in [
+            (
+                "running",
+                "in_flight",
+                Some(NOW.as_millis() + 30_000),
+                None,
+                2,
+            ),
+            ("done", "completed", None, Some(201), 0),
+        ] {
+            sqlx::query(
+                "INSERT INTO idem_records (scope, key, fingerprint, token, created_at, expires_at,
+                     retain_until, state, lease_until, takeovers, status, headers, body)
+                 VALUES ('old', ?, ?, 7, ?, ?, ?, ?, ?, ?, ?, '[]', x'6f6b')",
+            )
+            .bind(key)
+            .bind(&fp[..])
+            .bind(NOW.as_millis())
+            .bind(NOW.as_millis() + 3_600_000)
+            .bind(NOW.as_millis() + 7_200_000)
+            .bind(state)
+            .bind(lease)
+            .bind(takeovers)
+            .bind(status)
+            .execute(&pool)
+            .await
+            .expect("old row");
+        }
+        // A released record cannot be stored before the upgrade.
+        let refused = sqlx::query("UPDATE idem_records SET state = 'released' WHERE key = 'done'")
+            .execute(&pool)
+            .await;
+        assert!(refused.is_err(), "the old table's check");
+
+        let store = SqliteStore::from_pool(pool.clone())
+            .await
+            .expect("upgraded")
+            .with_clock(crate::clock::ManualClock::new(NOW));
+        let running = RecordKey::new("old", "running");
+        let found = store.get(&running).await.expect("get").expect("kept");
+        assert_eq!(
+            found.record,
+            Record {
+                fingerprint: Fingerprint(fp),
+                token: FencingToken(7),
+                created_at: NOW,
+                expires_at: NOW + Duration::from_secs(3600),
+                retain_until: NOW + Duration::from_secs(7200),
+                state: RecordState::InFlight {
+                    lease_until: NOW + Duration::from_secs(30)
+                },
+            }
+        );
+        let done = store
+            .get(&RecordKey::new("old", "done"))
+            .await
+            .expect("get")
+            .expect("kept");
+        assert_eq!(
+            done.record.state,
+            RecordState::Completed {
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![],
+                    body: bytes::Bytes::from_static(b"ok"),
+                }
+            }
+        );
+        store
+            .release(&running, FencingToken(7))
+            .await
+            .expect("release");
+        let found = store.get(&running).await.expect("get").expect("kept");
+        assert_eq!(found.record.state, RecordState::Released);
+        // The old record's takeovers do not make its resumption one.
+        let resumed = Claim {
+            fingerprint: Fingerprint(fp),
+            ..claim(&running, 1)
+        };
+        match store.claim(&resumed).await.expect("claim") {
+            ClaimOutcome::Claimed(claimed) => assert_eq!(
+                claimed,
+                Claimed {
+                    taken_over: false,
+                    created_at: NOW,
+                    expires_at: NOW + Duration::from_secs(3600),
+                }
+            ),
+            other => panic!("{other:?}"),
+        }
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records'
+             ORDER BY name",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("indexes");
+        assert_eq!(
+            indexes,
+            [
+                "idem_records_in_flight",
+                "idem_records_retain_until",
+                "sqlite_autoindex_idem_records_1"
+            ]
+        );
+        let versions: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                .fetch_all(&pool)
+                .await
+                .expect("versions");
+        assert_eq!(versions, [20261130000000, 20261207000000]);
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'idem_records%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("tables");
+        assert_eq!(tables, 1, "no table left over from the rebuild");
+    }
+
+    /// A release and a claim of its request queued together: the release goes first, and the
+    /// claim resumes the record in the same batch (not a takeover, its times kept); another
+    /// request's claim beside a release replaces the record. A record taken over, released and
+    /// resumed is not told a takeover again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_queued_beside_a_release_resume_or_replace_it() {
+        let clock = crate::clock::ManualClock::new(NOW);
+        let (_dir, _url, store) = temp_store().await;
+        let store = store.with_clock(clock.clone());
+        let (same, other) = (RecordKey::new("q", "same"), RecordKey::new("q", "other"));
+        let tokens = claimed(&store, &[same.clone(), other.clone()]).await;
+        clock.advance(Duration::from_secs(1));
+        let later = clock.now();
+        let resume = claim(&same, 1);
+        let replace = claim(&other, 2);
+        let gate = store.shared.write_gate.lock().await;
+        let mut releases: Vec<Pending<'_>> = vec![
+            store.release(&same, tokens[0]),
+            store.release(&other, tokens[1]),
+        ];
+        let mut claims: Vec<Boxed<'_, Result<ClaimOutcome, StoreError>>> = vec![
+            Box::pin(store.claim(&resume)),
+            Box::pin(store.claim(&replace)),
+        ];
+        queue(&mut releases);
+        queue(&mut claims);
+        drop(gate);
+        for release in releases {
+            release.await.expect("release");
+        }
+        let outcomes: Vec<ClaimOutcome> = {
+            let mut outcomes = Vec::new();
+            for claim in claims {
+                outcomes.push(claim.await.expect("claim"));
+            }
+            outcomes
+        };
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            outcomes,
+            [
+                ClaimOutcome::Claimed(Claimed {
+                    taken_over: false,
+                    created_at: NOW,
+                    expires_at: NOW + hour,
+                }),
+                ClaimOutcome::Claimed(Claimed {
+                    taken_over: false,
+                    created_at: later,
+                    expires_at: later + hour,
+                }),
+            ]
+        );
+        let record = store.get(&other).await.expect("get").expect("record");
+        assert_eq!(
+            (record.record.fingerprint, record.record.token),
+            (Fingerprint([2; 32]), replace.token)
+        );
+
+        // Taken over past its lease, released, resumed: the resumption is no takeover.
+        clock.advance(Duration::from_secs(31));
+        let heir = claim(&same, 1);
+        match store.claim(&heir).await.expect("claim") {
+            ClaimOutcome::Claimed(c) => assert!(c.taken_over && c.created_at == NOW),
+            other => panic!("{other:?}"),
+        }
+        store.release(&same, heir.token).await.expect("release");
+        match store.claim(&claim(&same, 1)).await.expect("claim") {
+            ClaimOutcome::Claimed(c) => assert!(!c.taken_over && c.created_at == NOW),
+            other => panic!("{other:?}"),
+        }
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 2, "resumed and replaced in place");
     }
 
     /// An application's migrator and idem's share `_sqlx_migrations`; with `ignore_missing` on both
