@@ -81,7 +81,11 @@
 //! lookup, is most of a read's cost; shared, it is paid once per batch. That hand-off is also why a
 //! new key's claim skips the read: the claim's own call reads the record if the claim loses. Reads
 //! never wait for the writer: under WAL they do not block on it. The pool serves transactional
-//! mode, the purge and the application.
+//! mode, the purge, the operator's operations and the application.
+//!
+//! The batcher is a front end, not the store: the store's methods hand it a lookup or a write and
+//! get back what the same statement run alone would answer. A store made
+//! [`unbatched`](SqliteStore::unbatched) runs each of them alone on the pool.
 //!
 //! # Wake-ups
 //!
@@ -128,14 +132,17 @@ use super::{
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
-use batch::{Answer, Batcher, Change, Values, Written};
+use batch::Batcher;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
 use sqlx::Row;
-use statements::{select_where, Kind, ERASE, FORGET, IN_FLIGHT, PURGE, STATS};
+use statements::{
+    apply, roll_back, select_many, select_where, Answer, Change, Kind, Values, Written, ERASE,
+    FORGET, IN_FLIGHT, PURGE, STATS,
+};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
@@ -192,8 +199,9 @@ const MIGRATIONS: &[super::migrations::Embedded] = &[
 pub struct SqliteStore {
     pool: SqlitePool,
     shared: Arc<Shared>,
-    /// The batching front end: the reader and writer tasks every lookup and write goes through.
-    batcher: Batcher,
+    /// The batching front end: the reader and writer tasks every lookup and write goes through,
+    /// unless the store was made [`unbatched`](Self::unbatched).
+    batcher: Option<Batcher>,
     /// The store's time: this process's clock.
     clock: Arc<dyn Clock>,
 }
@@ -333,9 +341,29 @@ impl SqliteStore {
         Ok(Self {
             shared,
             pool,
-            batcher,
+            batcher: Some(batcher),
             clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Runs each lookup and write as a statement of its own on the pool (writes under the write
+    /// gate), instead of through the batching reader and writer (see [Concurrency](self#concurrency)):
+    /// the same statements and answers, one call each, and none of the batcher's connections. Under
+    /// concurrent requests this is slower; it is there to compare against, and to find whether a
+    /// fault lies in the batcher.
+    ///
+    /// ```
+    /// use idem_runtime::store::sqlite::SqliteStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::StoreError> {
+    /// let store = SqliteStore::connect("sqlite::memory:").await?.unbatched();
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn unbatched(mut self) -> Self {
+        self.batcher = None;
+        self
     }
 
     /// Judges every time by `clock` instead of the system clock (tests move a
@@ -358,15 +386,48 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// The record of `key`, read by the batcher's reader, unless past retention at `now`.
+    /// The record of `key` (by the batcher's reader, or alone), unless past retention at `now`.
     async fn fetch(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        let found = self.batcher.read(key).await?;
+        let found = match &self.batcher {
+            Some(batcher) => batcher.read(key).await?,
+            None => {
+                let row = sqlx::query(&select_many(1))
+                    .bind(key.scope())
+                    .bind(key.key())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(decode).transpose()?
+            }
+        };
         Ok(found.filter(|record| !record.is_forgotten(now)))
     }
 
-    /// Applies `values` to `key`'s record by the batcher's writer; its answer, once committed.
+    /// Applies `values` to `key`'s record under `token` (by the batcher's writer, or alone); its
+    /// answer, once committed.
     async fn write(&self, key: &RecordKey, token: FencingToken, values: Values) -> Written {
-        self.batcher.write(key, token, values).await
+        if let Some(batcher) = &self.batcher {
+            return batcher.write(key, token, values).await;
+        }
+        let change = Change {
+            scope: key.scope().to_owned(),
+            key: key.key().to_owned(),
+            token: token.0,
+            values,
+        };
+        let sql = change.kind().transaction(1);
+        let _gate = self.shared.write_gate.lock().await;
+        let mut conn = self.pool.acquire().await?;
+        match apply(&mut conn, &sql, &[&change]).await {
+            Ok(rows) => change.answer(&rows),
+            Err(error) => {
+                // A claim's transaction the failed statement left open is ended; a connection
+                // that cannot end it is not given back to the pool.
+                if roll_back(&mut conn).await.is_err() {
+                    conn.close_on_drop();
+                }
+                Err(error.into())
+            }
+        }
     }
 
     /// A guarded write (`token = ? AND state = 'in_flight'`): fenced if it applied to no record.
@@ -709,7 +770,6 @@ impl Purge for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use super::statements::select_many;
     use super::*;
     use crate::store::Claimed;
     use std::future::Future;

@@ -1,5 +1,15 @@
 //! The SQLite store's statements: the writes of each kind for any number of rows, the lookups, and
-//! the operator's statements. Each is one statement, or a claim's upsert and its read.
+//! the operator's statements. Each is one statement, or a claim's upsert and its read. A write is
+//! a [`Change`] (its record and values) and its statement's rows are read back as an [`Answer`],
+//! whether it ran alone or in a batch.
+
+use super::decode;
+use crate::clock::Timestamp;
+use crate::record::Record;
+use crate::store::{Claim, Claimed, StoreError};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::Row;
 
 /// The claim, for each `(scope, key, token, fingerprint, now, expires_at, retain_until, lease_until)`
 /// row: [`Claim::decide`] in SQL. A row's `now` is stored as `created_at`, so `excluded.created_at`
@@ -188,5 +198,187 @@ impl Kind {
             }
             _ => statement,
         }
+    }
+}
+
+/// The row of record (`scope`, `key`) among rows that start with `scope, key`. Rows match a lookup's
+/// text exactly (the statement compared them), so a row whose scope or key does not read as text is
+/// no lookup's.
+pub(super) fn record_of<'r>(
+    mut rows: impl Iterator<Item = &'r SqliteRow>,
+    scope: &str,
+    key: &str,
+) -> Option<&'r SqliteRow> {
+    rows.find(|row| {
+        row.try_get::<&str, _>(0).is_ok_and(|s| s == scope)
+            && row.try_get::<&str, _>(1).is_ok_and(|k| k == key)
+    })
+}
+
+/// A write's answer, once its statement committed.
+pub(super) type Written = Result<Answer, StoreError>;
+
+/// What a write's statement did.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// A completion, release or renewal applied to its record.
+    Applied,
+    /// A claim won its record (inserted, took it over or resumed it).
+    Won(Claimed),
+    /// It found nothing to apply to. For a claim, the record that stood, read in the same call
+    /// (none if it was gone by then).
+    Stood(Option<Record>),
+}
+
+/// A write's row in its kind's statement: the record it applies to, the token it holds or claims
+/// with, and its values.
+pub(super) struct Change {
+    pub(super) scope: String,
+    pub(super) key: String,
+    pub(super) token: i64,
+    pub(super) values: Values,
+}
+
+pub(super) enum Values {
+    Claim {
+        fingerprint: [u8; 32],
+        now: i64,
+        expires_at: i64,
+        retain_until: i64,
+        lease_until: i64,
+    },
+    Complete {
+        status: i64,
+        headers: String,
+        body: bytes::Bytes,
+    },
+    Renew {
+        lease_until: i64,
+    },
+    Release,
+}
+
+impl Values {
+    /// The row of `claim` made at the store's time `now`: the fresh record's instants.
+    pub(super) fn claim(claim: &Claim<'_>, now: Timestamp) -> Self {
+        let fresh = claim.record(now);
+        Values::Claim {
+            fingerprint: claim.fingerprint.0,
+            now: now.as_millis(),
+            expires_at: fresh.expires_at.as_millis(),
+            retain_until: fresh.retain_until.as_millis(),
+            lease_until: (now + claim.lease).as_millis(),
+        }
+    }
+}
+
+impl Change {
+    pub(super) fn kind(&self) -> Kind {
+        match self.values {
+            Values::Claim { .. } => Kind::Claim,
+            Values::Complete { .. } => Kind::Complete,
+            Values::Renew { .. } => Kind::Renew,
+            Values::Release => Kind::Release,
+        }
+    }
+
+    pub(super) fn bind<'q>(&'q self, query: SqliteQuery<'q>) -> SqliteQuery<'q> {
+        let query = query.bind(&self.scope).bind(&self.key).bind(self.token);
+        match &self.values {
+            Values::Claim {
+                fingerprint,
+                now,
+                expires_at,
+                retain_until,
+                lease_until,
+            } => query
+                .bind(&fingerprint[..])
+                .bind(now)
+                .bind(expires_at)
+                .bind(retain_until)
+                .bind(lease_until),
+            Values::Complete {
+                status,
+                headers,
+                body,
+            } => query.bind(status).bind(headers).bind(&body[..]),
+            Values::Renew { lease_until } => query.bind(lease_until),
+            Values::Release => query,
+        }
+    }
+
+    /// This write's answer in the rows its statement returned (`scope, key, token`, and for claims
+    /// `claimed_by, created_at, expires_at`), followed for claims by the rows of the records read
+    /// after it.
+    pub(super) fn answer(&self, rows: &[SqliteRow]) -> Written {
+        // Returned rows have at most six columns, records read all of theirs.
+        let mut returned = rows.iter().filter(|row| row.len() < RECORD_COLUMNS);
+        let row = returned.find(|row| {
+            row.try_get::<i64, _>(2)
+                .is_ok_and(|token| token == self.token)
+                && row.try_get::<&str, _>(1).is_ok_and(|key| key == self.key)
+                && row
+                    .try_get::<&str, _>(0)
+                    .is_ok_and(|scope| scope == self.scope)
+        });
+        match row {
+            Some(row) if self.kind() == Kind::Claim => won(row).map(Answer::Won),
+            Some(_) => Ok(Answer::Applied),
+            None => {
+                let read = rows.iter().filter(|row| row.len() >= RECORD_COLUMNS);
+                let stood = record_of(read, &self.scope, &self.key);
+                stood.map(decode).transpose().map(Answer::Stood)
+            }
+        }
+    }
+
+    /// Whether `other` is a write to the same record under the same token.
+    pub(super) fn repeats(&self, other: &Change) -> bool {
+        self.token == other.token && self.key == other.key && self.scope == other.scope
+    }
+}
+
+/// A won claim's returned row (`scope, key, token, claimed_by, created_at, expires_at`).
+fn won(row: &SqliteRow) -> Result<Claimed, StoreError> {
+    let claimed_by: &str = row.try_get(3).map_err(StoreError::corrupt)?;
+    let millis = |i: usize| -> Result<Timestamp, StoreError> {
+        row.try_get::<i64, _>(i)
+            .map(Timestamp::from_millis)
+            .map_err(StoreError::corrupt)
+    };
+    Ok(Claimed {
+        taken_over: claimed_by == "take_over",
+        created_at: millis(4)?,
+        expires_at: millis(5)?,
+    })
+}
+
+pub(super) type SqliteQuery<'q> = Query<'q, sqlx::Sqlite, SqliteArguments<'q>>;
+
+/// Runs `sql` for `rows` and returns the rows it returned.
+pub(super) async fn apply(
+    conn: &mut SqliteConnection,
+    sql: &str,
+    rows: &[&Change],
+) -> Result<Vec<SqliteRow>, sqlx::Error> {
+    let mut query = sqlx::query(sql);
+    for row in rows {
+        query = row.bind(query);
+    }
+    // Claims are followed by the read of the records they did not win.
+    if rows.first().is_some_and(|row| row.kind() == Kind::Claim) {
+        for row in rows {
+            query = query.bind(&row.scope).bind(&row.key).bind(row.token);
+        }
+    }
+    query.fetch_all(conn).await
+}
+
+/// Ends the transaction a failed statement may have left open (with none open, `ROLLBACK` fails
+/// harmlessly). An error means the connection could not, and is not to be used again.
+pub(super) async fn roll_back(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    match sqlx::query("ROLLBACK").execute(conn).await {
+        Ok(_) | Err(sqlx::Error::Database(_)) => Ok(()),
+        Err(error) => Err(error),
     }
 }
