@@ -635,7 +635,17 @@ mod tests {
         let (_dir, _url, store) = temp_store().await;
         let store = store.with_clock(clock.clone());
         let (same, other) = (RecordKey::new("q", "same"), RecordKey::new("q", "other"));
-        let tokens = claimed(&store, &[same.clone(), other.clone()]).await;
+        // Claimed through the writer alone, so that the claims below are not known to this
+        // process and go to the writer too, queued behind the releases (not read first).
+        let mut tokens = Vec::new();
+        for key in [&same, &other] {
+            let first = claim(key, 1);
+            let won = store
+                .write(key, first.token, Values::claim(&first, NOW))
+                .await;
+            assert!(matches!(won, Ok(Answer::Won(_))), "{won:?}");
+            tokens.push(first.token);
+        }
         clock.advance(Duration::from_secs(1));
         let later = clock.now();
         let resume = claim(&same, 1);
