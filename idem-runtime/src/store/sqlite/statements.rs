@@ -17,7 +17,8 @@ use sqlx::Row;
 /// retention, or released by another request; every column from the claim, as a fresh record), to
 /// one it takes over (in flight past its lease, the same request, not expired) and to one it
 /// resumes (released by the same request, not expired): those two get the new token and lease and
-/// keep `created_at`, `expires_at` and `retain_until`. `claimed_by` says which, for the answer. All
+/// keep `created_at`, `expires_at` and `retain_until` (so they apply only if those are
+/// [`INTACT`]). `claimed_by` says which, for the answer. All
 /// `SET` expressions read the row as it was before the update. A second claim of a key within one
 /// statement finds the first's fresh record, which it takes only as it would in a statement of its
 /// own (past that record's lease or retention at its own `now`).
@@ -44,15 +45,22 @@ ON CONFLICT (scope, key) DO UPDATE SET
     headers      = NULL,
     body         = NULL
 WHERE {fresh}
-   OR ({same} AND (idem_records.state = 'released'
-                   OR (idem_records.state = 'in_flight'
-                       AND idem_records.lease_until <= excluded.created_at)))
+   OR ({same} AND {intact}
+       AND (idem_records.state = 'released'
+            OR (idem_records.state = 'in_flight'
+                AND idem_records.lease_until <= excluded.created_at)))
 RETURNING scope, key, token, claimed_by, created_at, expires_at
 "#;
 
 /// The record a claim finds is the same request's, and not expired at the claim's `now`.
 pub(super) const SAME: &str = "(idem_records.fingerprint = excluded.fingerprint
         AND excluded.created_at < idem_records.expires_at)";
+
+/// The times a takeover or a resumption keeps are integers, as every store writes them: a row
+/// damaged otherwise is left as it is, and its read answers the claim as corrupt.
+pub(super) const INTACT: &str = "(typeof(idem_records.created_at) = 'integer'
+        AND typeof(idem_records.expires_at) = 'integer'
+        AND typeof(idem_records.retain_until) = 'integer')";
 
 /// The record a claim finds counts as absent: past retention, or released by another request
 /// ([`ClaimRule::Insert`]).
@@ -187,7 +195,8 @@ impl Kind {
         let statement = sql
             .replace("{rows}", &repeat(n, tuple, separator))
             .replace("{fresh}", FRESH)
-            .replace("{same}", SAME);
+            .replace("{same}", SAME)
+            .replace("{intact}", INTACT);
         match self {
             // In the same call, each claim's record unless it is the claim's own in-flight one
             // (a claim that won), for the claims that did not win.
