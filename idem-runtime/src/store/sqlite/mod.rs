@@ -44,10 +44,10 @@
 //!   [`with_clock`](SqliteStore::with_clock). Each call reads it once and sets and judges every
 //!   instant by it; the engine sends durations only.
 //! - **The operator's operations**: `forget` is one `DELETE` guarded by token and state;
-//!   `erase_scope` deletes a batch of a scope's records through the primary key (whose first column
-//!   is the scope); `list_in_flight` reads the oldest claims in flight through an index of in-flight
-//!   records by creation; `stats` counts every record in one pass over the table. Forgetting and
-//!   erasing wake the keys' waiters.
+//!   `erase_scope` deletes a batch of a scope's records through the primary key (whose first
+//!   column is the scope); `list_in_flight` reads the oldest claims in flight through an index of
+//!   in-flight records by creation; `stats` counts every record in one pass over the table.
+//!   Forgetting and erasing wake the keys' waiters.
 //!
 //! # Concurrency
 //!
@@ -347,10 +347,10 @@ impl SqliteStore {
     }
 
     /// Runs each lookup and write as a statement of its own on the pool (writes under the write
-    /// gate), instead of through the batching reader and writer (see [Concurrency](self#concurrency)):
-    /// the same statements and answers, one call each, and none of the batcher's connections. Under
-    /// concurrent requests this is slower; it is there to compare against, and to find whether a
-    /// fault lies in the batcher.
+    /// gate), instead of through the batching reader and writer (see
+    /// [Concurrency](self#concurrency)): the same statements and answers, one call each, and none
+    /// of the batcher's connections. Under concurrent requests this is slower; it is there to
+    /// compare against, and to find whether a fault lies in the batcher.
     ///
     /// ```
     /// use idem_runtime::store::sqlite::SqliteStore;
