@@ -11,17 +11,17 @@ use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::Row;
 
-/// The claim, for each `(scope, key, token, fingerprint, now, expires_at, retain_until, lease_until)`
-/// row: [`Claim::decide`] in SQL. A row's `now` is stored as `created_at`, so `excluded.created_at`
-/// is the claim's `now`. The `DO UPDATE` applies to a record the claim replaces ([`FRESH`]: past
-/// retention, or released by another request; every column from the claim, as a fresh record), to
-/// one it takes over (in flight past its lease, the same request, not expired) and to one it
-/// resumes (released by the same request, not expired): those two get the new token and lease and
-/// keep `created_at`, `expires_at` and `retain_until` (so they apply only if those are
-/// [`INTACT`]). `claimed_by` says which, for the answer. All
-/// `SET` expressions read the row as it was before the update. A second claim of a key within one
-/// statement finds the first's fresh record, which it takes only as it would in a statement of its
-/// own (past that record's lease or retention at its own `now`).
+/// The claim, for each row of `(scope, key, token, fingerprint, now, expires_at, retain_until,
+/// lease_until)`: [`Claim::decide`] in SQL. A row's `now` is stored as `created_at`, so
+/// `excluded.created_at` is the claim's `now`. The `DO UPDATE` applies to a record the claim
+/// replaces ([`FRESH`]: past retention, or released by another request; every column from the
+/// claim, as a fresh record), to one it takes over (in flight past its lease, the same request, not
+/// expired) and to one it resumes (released by the same request, not expired): those two get the
+/// new token and lease and keep `created_at`, `expires_at` and `retain_until` (so they apply only
+/// if those are [`INTACT`]). `claimed_by` says which, for the answer. All `SET` expressions read
+/// the row as it was before the update. A second claim of a key within one statement finds the
+/// first's fresh record, which it takes only as it would in a statement of its own (past that
+/// record's lease or retention at its own `now`).
 pub(super) const CLAIM: &str = r#"
 INSERT INTO idem_records
     (scope, key, token, fingerprint, created_at, expires_at, retain_until, state, lease_until,
