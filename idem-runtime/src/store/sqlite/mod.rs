@@ -1199,6 +1199,70 @@ mod tests {
             .expect("unlock");
     }
 
+    /// The operator's operations judge by the store's clock: a record past retention that no sweep
+    /// deleted counts as forgotten and is not listed, one past its expiry counts as expired; erasing
+    /// a scope wakes its keys' waiters, and forgetting a record that changed since it was read
+    /// deletes nothing.
+    #[tokio::test]
+    async fn operators_count_list_erase_and_forget_at_the_stores_time() {
+        let clock = crate::clock::ManualClock::new(NOW);
+        let (_dir, _url, store) = temp_store().await;
+        let store = store.with_clock(clock.clone());
+        let short = |key| Claim {
+            ttl: Duration::from_secs(10),
+            retain: Duration::from_secs(20),
+            ..claim(key, 1)
+        };
+        let (gone, stale, live) = (
+            RecordKey::new("a", "gone"),
+            RecordKey::new("a", "stale"),
+            RecordKey::new("b", "live"),
+        );
+        store.claim(&short(&gone)).await.expect("claim");
+        clock.advance(Duration::from_secs(5));
+        let stale_claim = short(&stale);
+        store.claim(&stale_claim).await.expect("claim");
+        store.claim(&claim(&live, 1)).await.expect("claim");
+        // `gone` is past retention, `stale` past its expiry, `live` in flight.
+        clock.advance(Duration::from_secs(16));
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(
+            stats,
+            Stats {
+                in_flight: 1,
+                completed: 0,
+                released: 0,
+                expired: 1,
+                forgotten: 1,
+                oldest_in_flight: Some(NOW + Duration::from_secs(5)),
+                now: clock.now(),
+            }
+        );
+        let (listed, now) = store
+            .list_in_flight(Duration::ZERO, 10)
+            .await
+            .expect("list");
+        assert_eq!(now, clock.now());
+        let keys: Vec<&RecordKey> = listed.iter().map(|l| &l.key).collect();
+        assert_eq!(keys, [&stale, &live], "the forgotten record is not listed");
+
+        let forgot = store
+            .forget(&stale, stale_claim.token, StateKind::Completed)
+            .await
+            .expect("forget");
+        assert!(!forgot, "the record is in flight, not completed");
+        let mut woken = store.subscribe(&gone);
+        assert_eq!(store.erase_scope("a", 1).await.expect("erase"), 1);
+        assert_eq!(store.erase_scope("a", 10).await.expect("erase"), 1);
+        assert_eq!(store.erase_scope("a", 10).await.expect("erase"), 0);
+        woken.changed().await;
+        let rows: Vec<String> = sqlx::query_scalar("SELECT scope FROM idem_records")
+            .fetch_all(store.pool())
+            .await
+            .expect("rows");
+        assert_eq!(rows, ["b"], "another scope's record kept");
+    }
+
     /// A database made by the first migration alone (idem before released records) upgrades when
     /// a store opens it: its records are kept as they were, the table then holds released records,
     /// and its indexes are there under their names.
