@@ -1263,6 +1263,58 @@ mod tests {
         assert_eq!(rows, ["b"], "another scope's record kept");
     }
 
+    /// Unbatched, a claim whose statement fails (a trigger here) fails alone and its transaction is
+    /// ended: the pool's one connection serves the next claim, and the store's answers are those of
+    /// the batched path.
+    #[tokio::test]
+    async fn unbatched_a_failing_claim_ends_its_transaction() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("pool");
+        let store = SqliteStore::from_pool(pool)
+            .await
+            .expect("store")
+            .with_clock(crate::clock::ManualClock::new(NOW))
+            .unbatched();
+        sqlx::query(
+            "CREATE TRIGGER poison BEFORE INSERT ON idem_records WHEN NEW.key = 'bad'
+             BEGIN SELECT RAISE(ABORT, 'poisoned'); END",
+        )
+        .execute(store.pool())
+        .await
+        .expect("trigger");
+        let bad = RecordKey::new("s", "bad");
+        let failed = store.claim(&claim(&bad, 1)).await.expect_err("poisoned");
+        assert_eq!(failed.kind(), super::super::StoreErrorKind::Unavailable);
+        let good = RecordKey::new("s", "good");
+        let first = claim(&good, 1);
+        assert!(matches!(
+            store.claim(&first).await.expect("claim"),
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: false,
+                created_at: NOW,
+                ..
+            })
+        ));
+        match store.claim(&claim(&good, 1)).await.expect("claim") {
+            ClaimOutcome::Existing(Seen { record, now }) => {
+                assert_eq!((record.token, now), (first.token, NOW))
+            }
+            other => panic!("{other:?}"),
+        }
+        store
+            .complete(&good, first.token, &response())
+            .await
+            .expect("complete");
+        assert!(is_completed(&store, &good).await);
+        let fenced = store.release(&good, first.token).await.expect_err("done");
+        assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
+    }
+
     /// A database made by the first migration alone (idem before released records) upgrades when
     /// a store opens it: its records are kept as they were, the table then holds released records,
     /// and its indexes are there under their names.
