@@ -552,8 +552,8 @@ impl<P: Purge + ?Sized> Purge for std::sync::Arc<P> {
 }
 
 /// A claim with its instants computed at `now` (transitional: the backends that still judge time in
-/// the process use it until they read their own clock; PostgreSQL reads its own).
-#[cfg(any(feature = "sqlite", feature = "redis"))]
+/// the process use it until they read their own clock).
+#[cfg(any(feature = "redis"))]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stamped<'a> {
     pub(crate) key: &'a RecordKey,
@@ -565,7 +565,7 @@ pub(crate) struct Stamped<'a> {
     pub(crate) retain_until: Timestamp,
 }
 
-#[cfg(any(feature = "sqlite", feature = "redis"))]
+#[cfg(any(feature = "redis"))]
 impl<'a> Claim<'a> {
     pub(crate) fn stamped(&self, now: Timestamp) -> Stamped<'a> {
         let fresh = self.record(now);
@@ -581,7 +581,7 @@ impl<'a> Claim<'a> {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "redis"))]
+#[cfg(any(feature = "redis"))]
 impl Stamped<'_> {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn record(&self) -> Record {

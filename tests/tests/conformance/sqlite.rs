@@ -42,3 +42,38 @@ async fn sqlite() -> Sqlite {
 }
 
 idem_tests::conformance_suite!(sqlite);
+
+/// The same cases on stores made `unbatched`: every lookup and write a statement of its own, so
+/// the plain path keeps the contract without the batcher's reader and writer.
+mod unbatched {
+    use super::Sqlite;
+    use idem_runtime::clock::Clock;
+    use idem_runtime::store::sqlite::SqliteStore;
+    use idem_tests::conformance::Backend;
+    use std::sync::Arc;
+
+    struct Unbatched(Sqlite);
+
+    #[async_trait::async_trait]
+    impl Backend for Unbatched {
+        type Store = SqliteStore;
+
+        async fn open(&self, clock: Arc<dyn Clock>) -> SqliteStore {
+            self.0.open(clock).await.unbatched()
+        }
+
+        fn durable(&self) -> bool {
+            true
+        }
+
+        async fn unreachable(&self) -> Option<SqliteStore> {
+            Some(self.0.unreachable().await?.unbatched())
+        }
+    }
+
+    async fn sqlite() -> Unbatched {
+        Unbatched(super::sqlite().await)
+    }
+
+    idem_tests::conformance_suite!(sqlite);
+}

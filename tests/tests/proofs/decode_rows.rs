@@ -90,7 +90,8 @@ struct SqliteRow {
     created_at: Val,
     expires_at: Val,
     retain_until: Val,
-    completed: bool,
+    /// The `state` column: one the table admits.
+    state: &'static str,
     lease_until: Val,
     status: Val,
     headers: Val,
@@ -104,7 +105,7 @@ fn sqlite_row() -> impl Strategy<Value = SqliteRow> {
         val(millis()),
         val(millis()),
         val(millis()),
-        any::<bool>(),
+        prop_oneof![Just("in_flight"), Just("completed"), Just("released")],
         val(millis()),
         val(prop_oneof![4 => 100i64..600, 1 => any::<i64>()]),
         prop_oneof![4 => text().prop_map(Val::Text), 1 => val(any::<i64>())],
@@ -117,7 +118,7 @@ fn sqlite_row() -> impl Strategy<Value = SqliteRow> {
                 created_at,
                 expires_at,
                 retain_until,
-                completed,
+                state,
                 lease_until,
                 status,
                 headers,
@@ -129,7 +130,7 @@ fn sqlite_row() -> impl Strategy<Value = SqliteRow> {
                     created_at,
                     expires_at,
                     retain_until,
-                    completed,
+                    state,
                     lease_until,
                     status,
                     headers,
@@ -252,7 +253,7 @@ fn sqlite_rows_decode_or_are_corrupt() {
             for v in [&row.fingerprint, &row.token, &row.created_at, &row.expires_at, &row.retain_until] {
                 q = bind(q, v);
             }
-            q = q.bind(if row.completed { "completed" } else { "in_flight" });
+            q = q.bind(row.state);
             for v in [&row.lease_until, &row.status, &row.headers, &row.body] {
                 q = bind(q, v);
             }

@@ -15,14 +15,15 @@
 //!
 //! # How the contract is kept
 //!
-//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <past retention, or can be
-//!   taken over> RETURNING …, takeovers` decides atomically. A returned row means this claim won
-//!   (`takeovers > 0` tells a takeover from a fresh record); no row means the record stays as it
-//!   is, and the same call reads it by primary key, in the same transaction, for the answer. So a
-//!   new key costs one trip to the database.
+//! - **Claim**: one `INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE <replace, take over or
+//!   resume> RETURNING …, claimed_by, created_at, expires_at` applies [`Claim::decide`]'s rule
+//!   atomically. A returned row means this claim won (`claimed_by` tells a takeover from a fresh or
+//!   resumed record, and the times are the record's); no row means the record stays as it is, and
+//!   the same call reads it by primary key, in the same transaction, for the answer. So a new key
+//!   costs one trip to the database.
 //!
 //!   A key this process claimed lately (a retry, a waiting duplicate) is likely to stand, so its
-//!   claim reads first: a record that stands (completed, in flight under a live lease, another
+//!   claim reads first: a record the claim keeps (completed, in flight under a live lease, another
 //!   fingerprint, expired but retained) is returned from that read, which takes no write lock.
 //!   Which path a key takes is only a guess, from a fixed table of the hashes of recent keys (64k
 //!   slots, 512 KiB per database file); the claim statement is the check either relies on. A retry
@@ -34,10 +35,19 @@
 //!   mode or in `BEGIN IMMEDIATE` transactions, which both ask for the write lock up front, so they
 //!   never hit the read-to-write upgrade that makes deferred transactions fail with `SQLITE_BUSY`
 //!   regardless of the busy timeout.
-//! - **Complete / release / renew**: one `UPDATE` / `DELETE` guarded by `token = ? AND state =
-//!   'in_flight'`; no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced).
+//! - **Complete / release / renew**: one `UPDATE` guarded by `token = ? AND state = 'in_flight'`;
+//!   no row affected means [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced). A release
+//!   keeps the record, as `released` with its times, for its request's retry to resume.
 //! - **Get** hides records past retention; **purge** deletes at most a batch per statement through
 //!   an index on `retain_until`, so the sweeper never holds the write lock for long.
+//! - **Time** is the store's: this process's clock, or the one given to
+//!   [`with_clock`](SqliteStore::with_clock). Each call reads it once and sets and judges every
+//!   instant by it; the engine sends durations only.
+//! - **The operator's operations**: `forget` is one `DELETE` guarded by token and state;
+//!   `erase_scope` deletes a batch of a scope's records through the primary key (whose first
+//!   column is the scope); `list_in_flight` reads the oldest claims in flight through an index of
+//!   in-flight records by creation; `stats` counts every record in one pass over the table.
+//!   Forgetting and erasing wake the keys' waiters.
 //!
 //! # Concurrency
 //!
@@ -71,7 +81,11 @@
 //! lookup, is most of a read's cost; shared, it is paid once per batch. That hand-off is also why a
 //! new key's claim skips the read: the claim's own call reads the record if the claim loses. Reads
 //! never wait for the writer: under WAL they do not block on it. The pool serves transactional
-//! mode, the purge and the application.
+//! mode, the purge, the operator's operations and the application.
+//!
+//! The batcher is a front end, not the store: the store's methods hand it a lookup or a write and
+//! get back what the same statement run alone would answer. A store made
+//! [`unbatched`](SqliteStore::unbatched) runs each of them alone on the pool.
 //!
 //! # Wake-ups
 //!
@@ -103,21 +117,32 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A migration that changes a constraint rebuilds `idem_records` (SQLite cannot alter one in
+//! place): the records are kept, and triggers of your own on the table must be created again.
+
+mod batch;
+mod statements;
 
 use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
 use super::{
-    Claim, ClaimOutcome, Found as Seen, Purge, Stamped, Store, StoreError, Subscription, Waiters,
+    Claim, ClaimOutcome, ClaimRule, Found as Seen, Listed, Purge, StateKind, Stats, Store,
+    StoreError, Subscription, Waiters,
 };
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use batch::Batcher;
 use sqlx::migrate::Migrator;
-use sqlx::query::Query;
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
-    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Row};
+use sqlx::Row;
+use statements::{
+    apply, roll_back, select_many, select_where, Answer, Change, Kind, Values, Written, ERASE,
+    FORGET, IN_FLIGHT, PURGE, STATS,
+};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
@@ -125,85 +150,32 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
-
 /// How long a statement waits for another connection's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How many times a claim is retried when the record it lost to vanishes before it can be read
-/// (released in between). Each retry needs another release to race it, so this is never reached in
-/// practice; it only rules out an unbounded loop.
+/// How many times a claim is retried when the record it lost to vanishes or changes before it can
+/// be read (forgotten by an operator, or released, in between). Each retry needs another such
+/// write to race it, so this is never reached in practice; it only rules out an unbounded loop.
 const CLAIM_ATTEMPTS: usize = 8;
 
-/// The claim, for each `(scope, key, token, fingerprint, now, expires_at, retain_until, lease_until)`
-/// row. A row's `now` is stored as `created_at`, so `excluded.created_at` is the claim's `now`. The
-/// `DO UPDATE` applies only to a record past retention (replaced as if absent: every column from the
-/// claim, `takeovers` reset) or to one that [can be taken over](super::Claim::can_take_over) (new
-/// token and lease; `created_at`, `expires_at` and `retain_until` kept; `takeovers` counted). All
-/// `SET` expressions read the row as it was before the update. A second claim of a key within one
-/// statement finds the first's fresh record, which it takes only as it would in a statement of its
-/// own (past that record's lease or retention at its own `now`).
-const CLAIM: &str = r#"
-INSERT INTO idem_records
-    (scope, key, token, fingerprint, created_at, expires_at, retain_until, state, lease_until, takeovers)
-VALUES {rows}
-ON CONFLICT (scope, key) DO UPDATE SET
-    fingerprint  = excluded.fingerprint,
-    token        = excluded.token,
-    state        = 'in_flight',
-    lease_until  = excluded.lease_until,
-    created_at   = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN excluded.created_at ELSE idem_records.created_at END,
-    expires_at   = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN excluded.expires_at ELSE idem_records.expires_at END,
-    retain_until = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN excluded.retain_until ELSE idem_records.retain_until END,
-    takeovers    = CASE WHEN idem_records.retain_until <= excluded.created_at
-                        THEN 0 ELSE idem_records.takeovers + 1 END,
-    status       = NULL,
-    headers      = NULL,
-    body         = NULL
-WHERE idem_records.retain_until <= excluded.created_at
-   OR (idem_records.state = 'in_flight'
-       AND idem_records.lease_until <= excluded.created_at
-       AND idem_records.fingerprint = excluded.fingerprint
-       AND excluded.created_at < idem_records.expires_at)
-RETURNING scope, key, token, takeovers
-"#;
+/// `duration` in whole milliseconds, saturating.
+fn duration_millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
 
-/// The completion of each in-flight record still held by the row's token.
-const COMPLETE: &str = r#"
-WITH v (scope, key, token, status, headers, body) AS (VALUES {rows})
-UPDATE idem_records
-SET state = 'completed', lease_until = NULL, status = v.status, headers = v.headers, body = v.body
-FROM v
-WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
-  AND idem_records.state = 'in_flight'
-RETURNING scope, key, token, 1
-"#;
-
-const RENEW: &str = r#"
-WITH v (scope, key, token, lease_until) AS (VALUES {rows})
-UPDATE idem_records SET lease_until = v.lease_until
-FROM v
-WHERE idem_records.scope = v.scope AND idem_records.key = v.key AND idem_records.token = v.token
-  AND idem_records.state = 'in_flight'
-RETURNING scope, key, token, 1
-"#;
-
-const RELEASE: &str = r#"
-DELETE FROM idem_records
-WHERE state = 'in_flight' AND ({rows})
-RETURNING scope, key, token, 1
-"#;
-
-/// At most `?2` records past retention at `?1`, oldest first, found through the `retain_until` index.
-const PURGE: &str = r#"
-DELETE FROM idem_records
-WHERE rowid IN (
-    SELECT rowid FROM idem_records WHERE retain_until <= ?1 ORDER BY retain_until LIMIT ?2
-)
-"#;
+/// Every file of `migrations/sqlite/`, in order.
+const MIGRATIONS: &[super::migrations::Embedded] = &[
+    (
+        20261130000000,
+        "idem records",
+        include_str!("../../../migrations/sqlite/20261130000000_idem_records.sql"),
+    ),
+    (
+        20261207000000,
+        "idem records released",
+        include_str!("../../../migrations/sqlite/20261207000000_idem_records_released.sql"),
+    ),
+];
 
 /// A [`Store`] on a SQLite database through sqlx. Cheap to share behind an `Arc`. Reads share
 /// statements in the store's [batched lookups](self#concurrency), and writes of a kind queued
@@ -227,465 +199,11 @@ WHERE rowid IN (
 pub struct SqliteStore {
     pool: SqlitePool,
     shared: Arc<Shared>,
-    /// The queue of the store's writer task, which ends when the store is dropped.
-    writes: mpsc::UnboundedSender<Write>,
-    /// The queue of the store's reader task, likewise.
-    reads: mpsc::UnboundedSender<Read>,
+    /// The batching front end: the reader and writer tasks every lookup and write goes through,
+    /// unless the store was made [`unbatched`](Self::unbatched).
+    batcher: Option<Batcher>,
     /// The store's time: this process's clock.
     clock: Arc<dyn Clock>,
-}
-
-/// At most this many lookups share one statement.
-const MAX_READS: usize = 64;
-
-type Found = Result<Option<Record>, StoreError>;
-
-/// One lookup by primary key for the reader, and where to send the record found.
-struct Read {
-    scope: String,
-    key: String,
-    reply: oneshot::Sender<Found>,
-}
-
-/// The reader task: on a connection of its own, takes every lookup queued (up to [`MAX_READS`]) and
-/// answers them all with one `SELECT`. sqlx runs each statement on its connection's own thread, so
-/// lookups sent one by one would each pay that hand-off, which costs far more than the lookup. Ends
-/// when the store (the queue's sender) is gone.
-async fn read_batches(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Read>) {
-    let mut conn: Option<SqliteConnection> = None;
-    let mut batch = Vec::with_capacity(MAX_READS);
-    // The statement for n lookups at index n - 1, made when first needed (sqlx keeps it prepared).
-    let mut statements: Vec<String> = Vec::new();
-    while queue.recv_many(&mut batch, MAX_READS).await > 0 {
-        // Let the tasks that are ready run first (requests whose sockets have data): their
-        // lookups join this batch instead of waiting for the next one.
-        tokio::task::yield_now().await;
-        take_queued(&mut queue, &mut batch, MAX_READS);
-        batch.retain(|read| !read.reply.is_closed());
-        if batch.is_empty() {
-            continue;
-        }
-        while statements.len() < batch.len() {
-            statements.push(select_many(statements.len() + 1));
-        }
-        let mut query = sqlx::query(&statements[batch.len() - 1]);
-        for read in &batch {
-            query = query.bind(read.scope.as_str()).bind(read.key.as_str());
-        }
-        let rows = match own_connection(&pool, &mut conn).await {
-            Ok(conn) => query.fetch_all(conn).await,
-            Err(error) => Err(error),
-        };
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(error) => {
-                let error = Arc::new(error);
-                for Read { reply, .. } in batch.drain(..) {
-                    let _ = reply.send(Err(StoreError::unavailable(error.clone())));
-                }
-                conn = None;
-                continue;
-            }
-        };
-        for Read { scope, key, reply } in batch.drain(..) {
-            let row = record_of(rows.iter(), &scope, &key);
-            let _ = reply.send(row.map(decode).transpose());
-        }
-    }
-}
-
-/// The row of record (`scope`, `key`) among rows that start with `scope, key`. Rows match a lookup's
-/// text exactly (the statement compared them), so a row whose scope or key does not read as text is
-/// no lookup's.
-fn record_of<'r>(
-    mut rows: impl Iterator<Item = &'r SqliteRow>,
-    scope: &str,
-    key: &str,
-) -> Option<&'r SqliteRow> {
-    rows.find(|row| {
-        row.try_get::<&str, _>(0).is_ok_and(|s| s == scope)
-            && row.try_get::<&str, _>(1).is_ok_and(|k| k == key)
-    })
-}
-
-/// Moves what is queued now into `batch`, up to `max` in all, without waiting.
-fn take_queued<T>(queue: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<T>, max: usize) {
-    while batch.len() < max {
-        match queue.try_recv() {
-            Ok(item) => batch.push(item),
-            Err(_) => break,
-        }
-    }
-}
-
-/// The reader's or the writer's connection, opened with the pool's options when first needed.
-/// Closing the pool closes the store: the connection is then dropped and every call fails.
-async fn own_connection<'c>(
-    pool: &SqlitePool,
-    conn: &'c mut Option<SqliteConnection>,
-) -> Result<&'c mut SqliteConnection, sqlx::Error> {
-    if pool.is_closed() {
-        *conn = None;
-        return Err(sqlx::Error::PoolClosed);
-    }
-    if conn.is_none() {
-        *conn = Some(pool.connect_options().connect().await?);
-    }
-    conn.as_mut().ok_or(sqlx::Error::PoolClosed)
-}
-
-/// The lookup of `n` records by primary key, bound as `scope, key` pairs in order. Records past
-/// retention are returned too; [`SqliteStore::fetch`] hides them by the caller's clock.
-fn select_many(n: usize) -> String {
-    select_where(&repeat(n, "(scope = ? AND key = ?)", " OR "))
-}
-
-/// The records that match `condition`, every column.
-fn select_where(condition: &str) -> String {
-    format!(
-        "SELECT scope, key, fingerprint, token, created_at, expires_at, retain_until, state,
-                lease_until, status, headers, body
-         FROM idem_records WHERE {condition}"
-    )
-}
-
-/// `n` copies of `item`, joined by `separator`.
-fn repeat(n: usize, item: &str, separator: &str) -> String {
-    vec![item; n].join(separator)
-}
-
-/// At most this many writes are taken from the queue at once.
-const MAX_BATCH: usize = 128;
-
-/// A write's answer, once its statement committed.
-type Written = Result<Answer, StoreError>;
-
-/// What a write's statement did.
-#[derive(Debug)]
-enum Answer {
-    /// It applied to its record: the value it returned (a claim's `takeovers`, `1` for the others).
-    Applied(i64),
-    /// It found nothing to apply to. For a claim, the record that stood, read in the same call
-    /// (none if it was gone by then).
-    Stood(Option<Record>),
-}
-
-/// One write for the writer, and where to send its answer once it committed.
-struct Write {
-    row: Change,
-    reply: oneshot::Sender<Written>,
-}
-
-/// A write's row in its kind's statement: the record it applies to, the token it holds or claims
-/// with, and its values.
-struct Change {
-    scope: String,
-    key: String,
-    token: i64,
-    values: Values,
-}
-
-enum Values {
-    Claim {
-        fingerprint: [u8; 32],
-        now: i64,
-        expires_at: i64,
-        retain_until: i64,
-        lease_until: i64,
-    },
-    Complete {
-        status: i64,
-        headers: String,
-        body: bytes::Bytes,
-    },
-    Renew {
-        lease_until: i64,
-    },
-    Release,
-}
-
-impl From<&Stamped<'_>> for Values {
-    fn from(claim: &Stamped<'_>) -> Self {
-        Values::Claim {
-            fingerprint: claim.fingerprint.0,
-            now: claim.now.as_millis(),
-            expires_at: claim.expires_at.as_millis(),
-            retain_until: claim.retain_until.as_millis(),
-            lease_until: claim.lease_until.as_millis(),
-        }
-    }
-}
-
-/// The kinds of write, in the order a batch applies them.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-enum Kind {
-    Release,
-    Complete,
-    Renew,
-    Claim,
-}
-
-impl Kind {
-    /// What the writer sends for `n` writes of this kind: [`statement`](Self::statement), in a
-    /// transaction if it is several writes (a statement that fails part-way, as a trigger's
-    /// `RAISE(FAIL)` can make it, keeps its earlier rows) or a claim (whose read must not fail
-    /// after its upsert committed, or a claim that won would be told it failed).
-    fn transaction(self, n: usize) -> String {
-        let statement = self.statement(n);
-        match (self, n) {
-            (Kind::Claim, _) | (_, 2..) => format!("BEGIN IMMEDIATE;{statement};COMMIT"),
-            _ => statement,
-        }
-    }
-
-    /// The statement that applies `n` writes of this kind.
-    fn statement(self, n: usize) -> String {
-        let (sql, tuple, separator) = match self {
-            Kind::Claim => (CLAIM, "(?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0)", ", "),
-            Kind::Complete => (COMPLETE, "(?, ?, ?, ?, ?, ?)", ", "),
-            Kind::Renew => (RENEW, "(?, ?, ?, ?)", ", "),
-            Kind::Release => (RELEASE, "(scope = ? AND key = ? AND token = ?)", " OR "),
-        };
-        let statement = sql.replace("{rows}", &repeat(n, tuple, separator));
-        match self {
-            // In the same call, each claim's record unless it is the claim's own in-flight one
-            // (a claim that won), for the claims that did not win.
-            Kind::Claim => {
-                let record = "(scope = ? AND key = ? AND (token <> ? OR state <> 'in_flight'))";
-                let lost = repeat(n, record, " OR ");
-                format!("{statement};{}", select_where(&lost))
-            }
-            _ => statement,
-        }
-    }
-}
-
-impl Change {
-    fn kind(&self) -> Kind {
-        match self.values {
-            Values::Claim { .. } => Kind::Claim,
-            Values::Complete { .. } => Kind::Complete,
-            Values::Renew { .. } => Kind::Renew,
-            Values::Release => Kind::Release,
-        }
-    }
-
-    fn bind<'q>(&'q self, query: SqliteQuery<'q>) -> SqliteQuery<'q> {
-        let query = query.bind(&self.scope).bind(&self.key).bind(self.token);
-        match &self.values {
-            Values::Claim {
-                fingerprint,
-                now,
-                expires_at,
-                retain_until,
-                lease_until,
-            } => query
-                .bind(&fingerprint[..])
-                .bind(now)
-                .bind(expires_at)
-                .bind(retain_until)
-                .bind(lease_until),
-            Values::Complete {
-                status,
-                headers,
-                body,
-            } => query.bind(status).bind(headers).bind(&body[..]),
-            Values::Renew { lease_until } => query.bind(lease_until),
-            Values::Release => query,
-        }
-    }
-
-    /// This write's answer in the rows its statement returned (`scope, key, token, value`), followed
-    /// for claims by the rows of the records read after it.
-    fn answer(&self, rows: &[SqliteRow]) -> Written {
-        // Returned rows have four columns, records read more.
-        let row = rows.iter().filter(|row| row.len() == 4).find(|row| {
-            row.try_get::<i64, _>(2)
-                .is_ok_and(|token| token == self.token)
-                && row.try_get::<&str, _>(1).is_ok_and(|key| key == self.key)
-                && row
-                    .try_get::<&str, _>(0)
-                    .is_ok_and(|scope| scope == self.scope)
-        });
-        match row {
-            Some(row) => row
-                .try_get(3)
-                .map(Answer::Applied)
-                .map_err(StoreError::corrupt),
-            None => {
-                let read = rows.iter().filter(|row| row.len() > 4);
-                let stood = record_of(read, &self.scope, &self.key);
-                stood.map(decode).transpose().map(Answer::Stood)
-            }
-        }
-    }
-
-    /// Whether `other` is a write to the same record under the same token.
-    fn repeats(&self, other: &Change) -> bool {
-        self.token == other.token && self.key == other.key && self.scope == other.scope
-    }
-}
-
-type SqliteQuery<'q> = Query<'q, sqlx::Sqlite, SqliteArguments<'q>>;
-
-/// Runs `sql` for `rows` and returns the rows it returned.
-async fn apply(
-    conn: &mut SqliteConnection,
-    sql: &str,
-    rows: &[&Change],
-) -> Result<Vec<SqliteRow>, sqlx::Error> {
-    let mut query = sqlx::query(sql);
-    for row in rows {
-        query = row.bind(query);
-    }
-    // Claims are followed by the read of the records they did not win.
-    if rows.first().is_some_and(|row| row.kind() == Kind::Claim) {
-        for row in rows {
-            query = query.bind(&row.scope).bind(&row.key).bind(row.token);
-        }
-    }
-    query.fetch_all(conn).await
-}
-
-/// The writer task: on a connection of its own and under the write gate, takes every write queued
-/// (up to [`MAX_BATCH`]) and applies those of each kind together, answering each caller once they
-/// committed. Ends when the store (the queue's sender) is gone.
-async fn write_batches(
-    pool: SqlitePool,
-    gate: Arc<tokio::sync::Mutex<()>>,
-    mut queue: mpsc::UnboundedReceiver<Write>,
-) {
-    let mut conn: Option<SqliteConnection> = None;
-    // Each kind's statement for n writes, made when first needed; sqlx keeps the statements it
-    // used last prepared.
-    let mut statements: HashMap<(Kind, usize), String> = HashMap::new();
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut next = Vec::new();
-    loop {
-        batch.append(&mut next);
-        if batch.is_empty() && queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            return;
-        }
-        // As for lookups: the writes of tasks that are ready join this batch.
-        tokio::task::yield_now().await;
-        let _gate = gate.lock().await;
-        // Whatever was queued while waiting for the gate joins this batch.
-        take_queued(&mut queue, &mut batch, MAX_BATCH);
-        // A write whose caller has gone is skipped.
-        batch.retain(|write| !write.reply.is_closed());
-        // A second write to one record under one token waits for the next batch, so that it sees
-        // the first's effect (a second completion is fenced), as in queue order.
-        let mut i = 0;
-        while i < batch.len() {
-            if batch[..i].iter().any(|w| w.row.repeats(&batch[i].row)) {
-                next.push(batch.remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        let mut healthy = true;
-        // By kind; releases and completions first, so that claims queued beside them see their
-        // records go.
-        batch.sort_by_key(|write| write.row.kind());
-        while let Some(kind) = batch.first().map(|write| write.row.kind()) {
-            let n = batch.iter().take_while(|w| w.row.kind() == kind).count();
-            let group: Vec<Write> = batch.drain(..n).collect();
-            healthy &= match own_connection(&pool, &mut conn).await {
-                Ok(conn) => run_group(conn, &mut statements, kind, group).await,
-                Err(error) => answer_all(group, error),
-            };
-        }
-        if !healthy {
-            // A fresh connection for the next batch, in case this one is broken.
-            conn = None;
-        }
-    }
-}
-
-/// Applies `group` (writes of one `kind`) and answers each write; returns whether the connection is
-/// still sound. The writes share one statement ([`Kind::transaction`]). If that fails on one
-/// write's data (a trigger, a constraint), it is rolled back and each write runs alone, so that
-/// only the failing one fails.
-async fn run_group(
-    conn: &mut SqliteConnection,
-    statements: &mut HashMap<(Kind, usize), String>,
-    kind: Kind,
-    group: Vec<Write>,
-) -> bool {
-    let n = group.len();
-    let rows: Vec<&Change> = group.iter().map(|write| &write.row).collect();
-    let sql = statements
-        .entry((kind, n))
-        .or_insert_with(|| kind.transaction(n));
-    let error = match apply(conn, sql, &rows).await {
-        Ok(applied) => {
-            for Write { row, reply } in group {
-                let _ = reply.send(row.answer(&applied));
-            }
-            return true;
-        }
-        Err(error) => error,
-    };
-    if roll_back(conn).await.is_err() {
-        answer_all(group, error);
-        return false;
-    }
-    match error {
-        sqlx::Error::Database(e) if n > 1 && !is_busy(&*e) => {
-            let sql = statements
-                .entry((kind, 1))
-                .or_insert_with(|| kind.transaction(1));
-            let mut writes = group.into_iter();
-            while let Some(write) = writes.next() {
-                match apply(conn, sql, &[&write.row]).await {
-                    Ok(applied) => {
-                        let answer = write.row.answer(&applied);
-                        let _ = write.reply.send(answer);
-                    }
-                    Err(sqlx::Error::Database(e)) if !is_busy(&*e) => {
-                        let _ = write.reply.send(Err(sqlx::Error::Database(e).into()));
-                        if let Err(error) = roll_back(conn).await {
-                            return answer_all(writes.collect(), error);
-                        }
-                    }
-                    // Another connection's lock, or a broken connection: the writes left would
-                    // each meet it too.
-                    Err(error) => {
-                        return answer_all(std::iter::once(write).chain(writes).collect(), error)
-                    }
-                }
-            }
-            true
-        }
-        error => answer_all(group, error),
-    }
-}
-
-/// Ends the transaction a failed statement may have left open (with none open, `ROLLBACK` fails
-/// harmlessly). An error means the connection could not, and is not to be used again.
-async fn roll_back(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
-    match sqlx::query("ROLLBACK").execute(conn).await {
-        Ok(_) | Err(sqlx::Error::Database(_)) => Ok(()),
-        Err(error) => Err(error),
-    }
-}
-
-/// Answers every write of `group` with `error` (nothing of theirs committed); returns whether the
-/// connection is still sound, which it is after an error of the statement itself.
-fn answer_all(group: Vec<Write>, error: sqlx::Error) -> bool {
-    let sound = matches!(error, sqlx::Error::Database(_));
-    let error = Arc::new(error);
-    for Write { reply, .. } in group {
-        let _ = reply.send(Err(StoreError::unavailable(error.clone())));
-    }
-    sound
-}
-
-/// Whether SQLite failed for another connection's lock (`SQLITE_BUSY`, `SQLITE_LOCKED`) after
-/// `busy_timeout`: running the writes one by one would wait that long for each.
-fn is_busy(error: &dyn sqlx::error::DatabaseError) -> bool {
-    let code = error.code().and_then(|code| code.parse::<i32>().ok());
-    matches!(code.map(|code| code & 0xff), Some(5 | 6))
 }
 
 /// What every handle on one database file in this process shares.
@@ -819,18 +337,33 @@ impl SqliteStore {
             .await
             .map_err(StoreError::unavailable)?;
         let shared = shared_for(&pool);
-        let (writes, queue) = mpsc::unbounded_channel();
-        let gate = shared.write_gate.clone();
-        tokio::spawn(write_batches(pool.clone(), gate, queue));
-        let (reads, queue) = mpsc::unbounded_channel();
-        tokio::spawn(read_batches(pool.clone(), queue));
+        let batcher = Batcher::spawn(&pool, shared.write_gate.clone());
         Ok(Self {
             shared,
             pool,
-            writes,
-            reads,
+            batcher: Some(batcher),
             clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Runs each lookup and write as a statement of its own on the pool (writes under the write
+    /// gate), instead of through the batching reader and writer (see
+    /// [Concurrency](self#concurrency)): the same statements and answers, one call each, and none
+    /// of the batcher's connections. Under concurrent requests this is slower; it is there to
+    /// compare against, and to find whether a fault lies in the batcher.
+    ///
+    /// ```
+    /// use idem_runtime::store::sqlite::SqliteStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::StoreError> {
+    /// let store = SqliteStore::connect("sqlite::memory:").await?.unbatched();
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn unbatched(mut self) -> Self {
+        self.batcher = None;
+        self
     }
 
     /// Judges every time by `clock` instead of the system clock (tests move a
@@ -844,11 +377,7 @@ impl SqliteStore {
     /// the same `_sqlx_migrations` table do not make it fail. The constructors run it; it is public
     /// for applications that want to list or check it.
     pub fn migrator() -> Migrator {
-        super::migrations::migrator(&[(
-            20261130000000,
-            "idem records",
-            include_str!("../../migrations/sqlite/20261130000000_idem_records.sql"),
-        )])
+        super::migrations::migrator(MIGRATIONS)
     }
 
     /// The pool, to share with the application or to close on shutdown; closing it closes the store
@@ -857,33 +386,48 @@ impl SqliteStore {
         &self.pool
     }
 
+    /// The record of `key` (by the batcher's reader, or alone), unless past retention at `now`.
     async fn fetch(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
-        let stopped = || StoreError::unavailable("the SQLite store's reader has stopped");
-        let (reply, answer) = oneshot::channel();
-        let read = Read {
-            scope: key.scope().to_owned(),
-            key: key.key().to_owned(),
-            reply,
+        let found = match &self.batcher {
+            Some(batcher) => batcher.read(key).await?,
+            None => {
+                let row = sqlx::query(&select_many(1))
+                    .bind(key.scope())
+                    .bind(key.key())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(decode).transpose()?
+            }
         };
-        self.reads.send(read).map_err(|_| stopped())?;
-        let found = answer.await.map_err(|_| stopped())??;
         Ok(found.filter(|record| !record.is_forgotten(now)))
     }
 
-    /// Queues `row` for the writer; its answer, once committed.
+    /// Applies `values` to `key`'s record under `token` (by the batcher's writer, or alone); its
+    /// answer, once committed.
     async fn write(&self, key: &RecordKey, token: FencingToken, values: Values) -> Written {
-        let stopped = || StoreError::unavailable("the SQLite store's writer has stopped");
-        let (reply, answer) = oneshot::channel();
-        let row = Change {
+        if let Some(batcher) = &self.batcher {
+            return batcher.write(key, token, values).await;
+        }
+        let change = Change {
             scope: key.scope().to_owned(),
             key: key.key().to_owned(),
             token: token.0,
             values,
         };
-        self.writes
-            .send(Write { row, reply })
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        let sql = change.kind().transaction(1);
+        let _gate = self.shared.write_gate.lock().await;
+        let mut conn = self.pool.acquire().await?;
+        match apply(&mut conn, &sql, &[&change]).await {
+            Ok(rows) => change.answer(&rows),
+            Err(error) => {
+                // A claim's transaction the failed statement left open is ended; a connection
+                // that cannot end it is not given back to the pool.
+                if roll_back(&mut conn).await.is_err() {
+                    conn.close_on_drop();
+                }
+                Err(error.into())
+            }
+        }
     }
 
     /// A guarded write (`token = ? AND state = 'in_flight'`): fenced if it applied to no record.
@@ -894,8 +438,8 @@ impl SqliteStore {
         values: Values,
     ) -> Result<(), StoreError> {
         match self.write(key, token, values).await? {
-            Answer::Applied(_) => Ok(()),
-            Answer::Stood(_) => Err(StoreError::fenced()),
+            Answer::Applied => Ok(()),
+            Answer::Won(_) | Answer::Stood(_) => Err(StoreError::fenced()),
         }
     }
 }
@@ -925,6 +469,7 @@ fn decode(row: &SqliteRow) -> Result<Record, StoreError> {
                 ),
             }
         }
+        "released" => RecordState::Released,
         "completed" => {
             let status: Option<i64> = row.try_get("status").map_err(StoreError::corrupt)?;
             let status = status.ok_or_else(|| corrupt("completed record without status"))?;
@@ -960,45 +505,41 @@ impl Store for SqliteStore {
         "sqlite"
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let claim = &claim.stamped(self.clock.now());
+        let now = self.clock.now();
+        let existing = |record| Ok(ClaimOutcome::Existing(Seen { record, now }));
+        let kept = |record: &Record| claim.decide(Some(record), now) == ClaimRule::Keep;
         // A key claimed lately in this process is likely to stand (a retry, a duplicate): it is
         // read first, which under WAL takes neither the write gate nor the file's write lock, and
-        // goes on to the claim statement only if absent, past retention or up for takeover. Any
-        // other key goes straight to the claim statement. Either way that statement decides.
+        // goes on to the claim statement only if the claim would change it. Any other key goes
+        // straight to the claim statement. Either way that statement decides.
         if self.shared.recent.insert(claim.key) {
-            if let Some(record) = self.fetch(claim.key, claim.now).await? {
-                if !claim.can_take_over(&record) {
-                    return Ok(claim.existing(record));
+            if let Some(record) = self.fetch(claim.key, now).await? {
+                if kept(&record) {
+                    return existing(record);
                 }
             }
         }
         for _ in 0..CLAIM_ATTEMPTS {
-            match self.write(claim.key, claim.token, claim.into()).await? {
-                Answer::Applied(0) => return Ok(claim.won(None)),
-                // A takeover keeps the record's times: read them back.
-                Answer::Applied(_) => {
-                    let record = self.fetch(claim.key, claim.now).await?;
-                    let Some(record) = record.filter(|r| r.token == claim.token) else {
-                        continue;
-                    };
-                    return Ok(claim.won(Some(&record)));
-                }
-                // Read in the upsert's transaction: neither past retention nor up for takeover,
-                // or the upsert would have taken it.
-                Answer::Stood(Some(record)) => return Ok(claim.existing(record)),
+            match self
+                .write(claim.key, claim.token, Values::claim(claim, now))
+                .await?
+            {
+                Answer::Won(claimed) => return Ok(ClaimOutcome::Claimed(claimed)),
+                Answer::Applied => return Err(corrupt("a claim returned no claim")),
+                // Read in the upsert's transaction: a record the claim keeps, or the upsert would
+                // have taken it.
+                Answer::Stood(Some(record)) => return existing(record),
                 // The read left the record out: it is in flight under this claim's own token (a
                 // claim sent again, as the engine does after losing an answer). Read it as a
-                // lookup would; claim again if it went meanwhile.
-                Answer::Stood(_) => match self.fetch(claim.key, claim.now).await? {
-                    Some(record) if !claim.can_take_over(&record) => {
-                        return Ok(claim.existing(record))
-                    }
+                // lookup would; claim again if it went or changed meanwhile.
+                Answer::Stood(None) => match self.fetch(claim.key, now).await? {
+                    Some(record) if kept(&record) => return existing(record),
                     _ => continue,
                 },
             }
         }
         Err(StoreError::unavailable(format!(
-            "claim of {} lost {CLAIM_ATTEMPTS} times to records released before they could be read",
+            "claim of {} lost {CLAIM_ATTEMPTS} times to records deleted before they could be read",
             claim.key
         )))
     }
@@ -1052,6 +593,101 @@ impl Store for SqliteStore {
     /// process; not on those of another process (see the [module documentation](self)).
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.shared.waiters.subscribe(key)
+    }
+
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let done = {
+            let _gate = self.shared.write_gate.lock().await;
+            sqlx::query(FORGET)
+                .bind(key.scope())
+                .bind(key.key())
+                .bind(token.0)
+                .bind(state.as_str())
+                .execute(&self.pool)
+                .await?
+        };
+        let deleted = done.rows_affected() > 0;
+        if deleted {
+            self.shared.waiters.notify(key);
+        }
+        Ok(deleted)
+    }
+
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let keys: Vec<String> = {
+            let _gate = self.shared.write_gate.lock().await;
+            sqlx::query_scalar(ERASE)
+                .bind(scope)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+        };
+        for key in &keys {
+            let key = RecordKey::stored(scope.to_owned(), key.clone());
+            self.shared.waiters.notify(&key);
+        }
+        Ok(keys.len() as u64)
+    }
+
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let now = self.clock.now();
+        // Created at or before `now - older_than`; any age at all when it is zero, as a record
+        // created after `now` (on another clock) counts as being zero old.
+        let before = match older_than.is_zero() {
+            true => i64::MAX,
+            false => now.as_millis().saturating_sub(duration_millis(older_than)),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(&select_where(IN_FLIGHT))
+            .bind(now.as_millis())
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        let listed = rows
+            .iter()
+            .map(|row| {
+                let scope: String = row.try_get("scope").map_err(StoreError::corrupt)?;
+                let key: String = row.try_get("key").map_err(StoreError::corrupt)?;
+                Ok(Listed {
+                    key: RecordKey::stored(scope, key),
+                    record: decode(row)?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok((listed, now))
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let now = self.clock.now();
+        let row = sqlx::query(STATS)
+            .bind(now.as_millis())
+            .fetch_one(&self.pool)
+            .await?;
+        let count = |column: &str| -> Result<u64, StoreError> {
+            let n: Option<i64> = row.try_get(column).map_err(StoreError::corrupt)?;
+            Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get("oldest").map_err(StoreError::corrupt)?;
+        Ok(Stats {
+            in_flight: count("in_flight")?,
+            completed: count("completed")?,
+            released: count("released")?,
+            expired: count("expired")?,
+            forgotten: count("forgotten")?,
+            oldest_in_flight: oldest.map(Timestamp::from_millis),
+            now,
+        })
     }
 }
 
@@ -1139,9 +775,9 @@ mod tests {
     use std::future::Future;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+    pub(super) const NOW: Timestamp = Timestamp::from_millis(1_000_000);
 
-    async fn temp_store() -> (tempfile::TempDir, String, SqliteStore) {
+    pub(super) async fn temp_store() -> (tempfile::TempDir, String, SqliteStore) {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
         let store = SqliteStore::connect(&url)
@@ -1155,7 +791,7 @@ mod tests {
         )
     }
 
-    fn claim<'a>(key: &'a RecordKey, fingerprint: u8) -> Claim<'a> {
+    pub(super) fn claim<'a>(key: &'a RecordKey, fingerprint: u8) -> Claim<'a> {
         Claim {
             key,
             fingerprint: Fingerprint([fingerprint; 32]),
@@ -1230,6 +866,22 @@ mod tests {
             .expect("analyze");
         let purge = plan(&store, PURGE, 2).await;
         assert!(purge.contains("idem_records_retain_until"), "{purge}");
+        // The operator's statements: by the primary key, or the in-flight index, never a scan.
+        let in_flight = plan(&store, &select_where(IN_FLIGHT), 3).await;
+        assert!(
+            in_flight.contains("USING INDEX idem_records_in_flight")
+                && !in_flight.contains("SCAN idem_records")
+                && !in_flight.contains("TEMP B-TREE"),
+            "{in_flight}"
+        );
+        for sql in [ERASE, FORGET] {
+            let found = plan(&store, sql, sql.matches('?').count()).await;
+            assert!(
+                found.contains("INDEX sqlite_autoindex_idem_records_1 (scope=?")
+                    && !found.contains("SCAN idem_records"),
+                "{found}"
+            );
+        }
         for n in [1, 8] {
             let select = plan(&store, &select_many(n), 2 * n).await;
             assert!(
@@ -1389,11 +1041,11 @@ mod tests {
         }
     }
 
-    type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-    type Pending<'a> = Boxed<'a, Result<(), StoreError>>;
+    pub(super) type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+    pub(super) type Pending<'a> = Boxed<'a, Result<(), StoreError>>;
 
     /// Polls each write once, which queues it for the writer (still waiting for the gate).
-    fn queue<T>(writes: &mut [Boxed<'_, T>]) {
+    pub(super) fn queue<T>(writes: &mut [Boxed<'_, T>]) {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         for write in writes {
             assert!(
@@ -1403,7 +1055,7 @@ mod tests {
         }
     }
 
-    async fn claimed(store: &SqliteStore, keys: &[RecordKey]) -> Vec<FencingToken> {
+    pub(super) async fn claimed(store: &SqliteStore, keys: &[RecordKey]) -> Vec<FencingToken> {
         let mut tokens = Vec::new();
         for key in keys {
             let c = claim(key, 1);
@@ -1413,7 +1065,7 @@ mod tests {
         tokens
     }
 
-    fn response() -> StoredResponse {
+    pub(super) fn response() -> StoredResponse {
         StoredResponse {
             status: 200,
             headers: vec![],
@@ -1421,7 +1073,7 @@ mod tests {
         }
     }
 
-    async fn is_completed(store: &SqliteStore, key: &RecordKey) -> bool {
+    pub(super) async fn is_completed(store: &SqliteStore, key: &RecordKey) -> bool {
         let record = store
             .get(key)
             .await
@@ -1429,115 +1081,6 @@ mod tests {
             .expect("get")
             .expect("record");
         matches!(record.state, RecordState::Completed { .. })
-    }
-
-    /// Writes queued while the writer waits share one statement: 16 completions commit together
-    /// (the log grows by a page or two, not by a commit each), a fenced one among them is only its
-    /// own answer, a caller that stopped waiting has its write skipped, and reads go on meanwhile.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn queued_writes_share_one_statement() {
-        let (_dir, _url, store) = temp_store().await;
-        let keys: Vec<RecordKey> = (0..17)
-            .map(|i| RecordKey::new("batch", format!("k{i}")))
-            .collect();
-        let tokens = claimed(&store, &keys).await;
-        // An empty log, so that its size afterwards counts this batch's pages alone.
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .execute(store.pool())
-            .await
-            .expect("checkpoint");
-        let response = response();
-        let gate = store.shared.write_gate.lock().await;
-        let mut writes: Vec<Pending<'_>> = (0..16)
-            .map(|i| store.complete(&keys[i], tokens[i], &response))
-            .collect();
-        writes.push(store.complete(&keys[0], FencingToken::generate(), &response));
-        let mut gone = vec![store.release(&keys[16], tokens[16])];
-        queue(&mut writes);
-        queue(&mut gone);
-        drop(gone);
-        assert!(!is_completed(&store, &keys[1]).await, "read while queued");
-        drop(gate);
-
-        let fenced = writes
-            .pop()
-            .expect("fenced write")
-            .await
-            .expect_err("fenced");
-        assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
-        for write in writes {
-            write.await.expect("completed");
-        }
-        for key in &keys[..16] {
-            assert!(is_completed(&store, key).await, "{key}");
-        }
-        let skipped = store
-            .get(&keys[16])
-            .await
-            .map(|found| found.map(|f| f.record))
-            .expect("get");
-        assert!(
-            skipped.is_some(),
-            "the dropped caller's release was skipped"
-        );
-        let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-            .fetch_one(store.pool())
-            .await
-            .expect("checkpoint");
-        assert!((1..16).contains(&frames), "{frames} pages logged");
-    }
-
-    /// Claims queued together share one statement: of three on one key exactly one wins and the
-    /// others are answered with its record, read in the same call; a claim of another key beside
-    /// them wins its own.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn claims_queued_together_on_one_key_have_one_winner() {
-        let (_dir, _url, store) = temp_store().await;
-        let (shared, other) = (
-            RecordKey::new("batch", "shared"),
-            RecordKey::new("batch", "other"),
-        );
-        let claims: Vec<Claim<'_>> = [&shared, &shared, &shared, &other]
-            .into_iter()
-            .map(|key| claim(key, 1))
-            .collect();
-        let gate = store.shared.write_gate.lock().await;
-        let mut writes: Vec<Boxed<'_, Written>> = claims
-            .iter()
-            .map(|c| {
-                Box::pin(store.write(c.key, c.token, (&c.stamped(NOW)).into()))
-                    as Boxed<'_, Written>
-            })
-            .collect();
-        queue(&mut writes);
-        drop(gate);
-        let mut answers = Vec::new();
-        for write in writes {
-            answers.push(write.await.expect("claim"));
-        }
-        let won: Vec<bool> = answers
-            .iter()
-            .map(|answer| matches!(answer, Answer::Applied(0)))
-            .collect();
-        assert_eq!(won.iter().filter(|&&w| w).count(), 2, "{answers:?}");
-        assert!(won[3], "the other key's claim won");
-        let winner = won[..3].iter().position(|&w| w).expect("a winner");
-        let record = store
-            .get(&shared)
-            .await
-            .map(|found| found.map(|f| f.record))
-            .expect("get")
-            .expect("record");
-        assert_eq!(record.token, claims[winner].token);
-        assert!(matches!(record.state, RecordState::InFlight { .. }));
-        for (i, answer) in answers[..3].iter().enumerate() {
-            if i != winner {
-                assert!(
-                    matches!(answer, Answer::Stood(Some(stood)) if *stood == record),
-                    "{answer:?}"
-                );
-            }
-        }
     }
 
     /// A key this process has not claimed goes straight to the claim statement: one the database
@@ -1617,207 +1160,6 @@ mod tests {
         );
     }
 
-    /// A write whose data fails its batch's statement (a trigger here) gets the error alone: the
-    /// others queued with it are applied one by one and told so. With `RAISE(FAIL)`, which keeps
-    /// what a statement changed before failing, the batch's transaction is what keeps them from
-    /// being applied twice (and then told they were fenced).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failing_write_fails_alone() {
-        for action in ["ABORT", "FAIL"] {
-            let (_dir, _url, store) = temp_store().await;
-            let keys: Vec<RecordKey> = (0..9)
-                .map(|i| RecordKey::new("batch", format!("k{i}")))
-                .collect();
-            let tokens = claimed(&store, &keys).await;
-            sqlx::query(&format!(
-                "CREATE TRIGGER poison BEFORE UPDATE ON idem_records WHEN NEW.key = 'k4'
-                 BEGIN SELECT RAISE({action}, 'poisoned'); END"
-            ))
-            .execute(store.pool())
-            .await
-            .expect("trigger");
-            let response = response();
-            let gate = store.shared.write_gate.lock().await;
-            let mut writes: Vec<Pending<'_>> = keys
-                .iter()
-                .zip(&tokens)
-                .map(|(key, token)| store.complete(key, *token, &response))
-                .collect();
-            queue(&mut writes);
-            drop(gate);
-            for (i, write) in writes.into_iter().enumerate() {
-                match write.await {
-                    Ok(()) => assert_ne!(i, 4, "{action}"),
-                    Err(e) => {
-                        assert_eq!(i, 4, "{action}: {e}");
-                        assert_eq!(e.kind(), super::super::StoreErrorKind::Unavailable);
-                    }
-                }
-            }
-            for (i, key) in keys.iter().enumerate() {
-                assert_eq!(is_completed(&store, key).await, i != 4, "{action}: {key}");
-            }
-        }
-    }
-
-    /// Likewise for claims, which run in a transaction even alone (their read follows the upsert):
-    /// a claim that fails alone is rolled back, and the writer's next transaction starts cleanly.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failing_claim_fails_alone() {
-        let (_dir, _url, store) = temp_store().await;
-        sqlx::query(
-            "CREATE TRIGGER poison BEFORE INSERT ON idem_records WHEN NEW.key = 'k4'
-             BEGIN SELECT RAISE(ABORT, 'poisoned'); END",
-        )
-        .execute(store.pool())
-        .await
-        .expect("trigger");
-        let keys: Vec<RecordKey> = (0..10)
-            .map(|i| RecordKey::new("batch", format!("k{i}")))
-            .collect();
-        let claims: Vec<Claim<'_>> = keys[..9].iter().map(|key| claim(key, 1)).collect();
-        let gate = store.shared.write_gate.lock().await;
-        let mut writes: Vec<Boxed<'_, Result<ClaimOutcome, StoreError>>> = claims
-            .iter()
-            .map(|c| Box::pin(store.claim(c)) as Boxed<'_, _>)
-            .collect();
-        queue(&mut writes);
-        drop(gate);
-        for (i, write) in writes.into_iter().enumerate() {
-            match write.await {
-                Ok(outcome) => {
-                    assert_ne!(i, 4);
-                    assert!(matches!(
-                        outcome,
-                        ClaimOutcome::Claimed(Claimed {
-                            taken_over: false,
-                            ..
-                        })
-                    ));
-                }
-                Err(e) => assert_eq!(i, 4, "{e}"),
-            }
-        }
-        // Alone, then a claim of another key on the same connection.
-        assert!(store.claim(&claim(&keys[4], 1)).await.is_err());
-        let last = store.claim(&claim(&keys[9], 1)).await.expect("claim");
-        assert!(matches!(
-            last,
-            ClaimOutcome::Claimed(Claimed {
-                taken_over: false,
-                ..
-            })
-        ));
-        let stored: Vec<String> = sqlx::query_scalar("SELECT key FROM idem_records ORDER BY key")
-            .fetch_all(store.pool())
-            .await
-            .expect("keys");
-        assert_eq!(
-            stored,
-            ["k0", "k1", "k2", "k3", "k5", "k6", "k7", "k8", "k9"]
-        );
-    }
-
-    /// Two writes to one record under one token queued together go in turn, as in queue order:
-    /// the first completion is stored and the second is fenced, not both told `Ok`.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_repeated_write_waits_for_the_next_batch() {
-        let (_dir, _url, store) = temp_store().await;
-        let keys = [RecordKey::new("batch", "k0"), RecordKey::new("batch", "k1")];
-        let tokens = claimed(&store, &keys).await;
-        let response = response();
-        let gate = store.shared.write_gate.lock().await;
-        let mut writes: Vec<Pending<'_>> = vec![
-            store.complete(&keys[0], tokens[0], &response),
-            store.complete(&keys[0], tokens[0], &response),
-            store.complete(&keys[1], tokens[1], &response),
-        ];
-        queue(&mut writes);
-        drop(gate);
-        let mut outcomes = Vec::new();
-        for write in writes {
-            outcomes.push(write.await);
-        }
-        assert!(outcomes[0].is_ok(), "{:?}", outcomes[0]);
-        let fenced = outcomes[1].as_ref().expect_err("the repeat is fenced");
-        assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
-        assert!(outcomes[2].is_ok(), "{:?}", outcomes[2]);
-        for key in &keys {
-            assert!(is_completed(&store, key).await, "{key}");
-        }
-    }
-
-    /// Lookups made together share the reader's statements, and each gets its own key's record:
-    /// completed and in-flight ones as stored, absent ones none, a key asked twice the same record
-    /// twice, and a record past retention at the caller's clock none, though its row is still there.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn lookups_made_together_each_get_their_own_record() {
-        let (_dir, _url, store) = temp_store().await;
-        let keys: Vec<RecordKey> = (0..12)
-            .map(|i| RecordKey::new("read", format!("k{i}")))
-            .collect();
-        let tokens = claimed(&store, &keys[..8]).await;
-        for (i, key) in keys[..4].iter().enumerate() {
-            let response = StoredResponse {
-                status: 200 + i as u16,
-                headers: vec![],
-                body: bytes::Bytes::from(format!("body {i}")),
-            };
-            store
-                .complete(key, tokens[i], &response)
-                .await
-                .expect("complete");
-        }
-        let mut asked: Vec<&RecordKey> = keys.iter().collect();
-        asked.push(&keys[2]);
-        // Each lookup polled once, which queues it for the reader, before any is awaited.
-        let mut lookups: Vec<_> = asked
-            .iter()
-            .map(|key| Box::pin(store.fetch(key, NOW)))
-            .collect();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        for lookup in &mut lookups {
-            let _ = lookup.as_mut().poll(&mut cx);
-        }
-        let mut found = Vec::new();
-        for lookup in lookups {
-            found.push(lookup.await);
-        }
-        for (key, found) in asked.iter().zip(found) {
-            let found = found.expect("read");
-            let i: usize = key.key()[1..].parse().expect("k<i>");
-            match (i, found) {
-                (0..4, Some(record)) => assert_eq!(
-                    record.state,
-                    RecordState::Completed {
-                        response: StoredResponse {
-                            status: 200 + i as u16,
-                            headers: vec![],
-                            body: bytes::Bytes::from(format!("body {i}")),
-                        }
-                    },
-                    "{key}"
-                ),
-                (4..8, Some(record)) => {
-                    assert_eq!(record.token, tokens[i], "{key}");
-                    assert!(
-                        matches!(record.state, RecordState::InFlight { .. }),
-                        "{key}"
-                    );
-                }
-                (8.., None) => {}
-                (_, other) => panic!("{key}: {other:?}"),
-            }
-        }
-        let later = NOW + Duration::from_secs(7200);
-        assert!(store.fetch(&keys[0], later).await.expect("read").is_none());
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
-            .fetch_one(store.pool())
-            .await
-            .expect("count");
-        assert_eq!(rows, 8, "hidden, not deleted");
-    }
-
     /// A replay of a key claimed lately (and any such record that stands) is answered while another
     /// connection holds the write lock: it is a plain read, so it neither takes the write gate nor
     /// waits for the writer.
@@ -1855,6 +1197,257 @@ mod tests {
             .execute(&mut *writer)
             .await
             .expect("unlock");
+    }
+
+    /// The operator's operations judge by the store's clock: a record past retention that no sweep
+    /// deleted counts as forgotten and is not listed, one past its expiry counts as expired; erasing
+    /// a scope wakes its keys' waiters, and forgetting a record that changed since it was read
+    /// deletes nothing.
+    #[tokio::test]
+    async fn operators_count_list_erase_and_forget_at_the_stores_time() {
+        let clock = crate::clock::ManualClock::new(NOW);
+        let (_dir, _url, store) = temp_store().await;
+        let store = store.with_clock(clock.clone());
+        let short = |key| Claim {
+            ttl: Duration::from_secs(10),
+            retain: Duration::from_secs(20),
+            ..claim(key, 1)
+        };
+        let (gone, stale, live) = (
+            RecordKey::new("a", "gone"),
+            RecordKey::new("a", "stale"),
+            RecordKey::new("b", "live"),
+        );
+        store.claim(&short(&gone)).await.expect("claim");
+        clock.advance(Duration::from_secs(5));
+        let stale_claim = short(&stale);
+        store.claim(&stale_claim).await.expect("claim");
+        store.claim(&claim(&live, 1)).await.expect("claim");
+        // `gone` is past retention, `stale` past its expiry, `live` in flight.
+        clock.advance(Duration::from_secs(16));
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(
+            stats,
+            Stats {
+                in_flight: 1,
+                completed: 0,
+                released: 0,
+                expired: 1,
+                forgotten: 1,
+                oldest_in_flight: Some(NOW + Duration::from_secs(5)),
+                now: clock.now(),
+            }
+        );
+        let (listed, now) = store
+            .list_in_flight(Duration::ZERO, 10)
+            .await
+            .expect("list");
+        assert_eq!(now, clock.now());
+        let keys: Vec<&RecordKey> = listed.iter().map(|l| &l.key).collect();
+        assert_eq!(keys, [&stale, &live], "the forgotten record is not listed");
+
+        let forgot = store
+            .forget(&stale, stale_claim.token, StateKind::Completed)
+            .await
+            .expect("forget");
+        assert!(!forgot, "the record is in flight, not completed");
+        let mut woken = store.subscribe(&gone);
+        assert_eq!(store.erase_scope("a", 1).await.expect("erase"), 1);
+        assert_eq!(store.erase_scope("a", 10).await.expect("erase"), 1);
+        assert_eq!(store.erase_scope("a", 10).await.expect("erase"), 0);
+        woken.changed().await;
+        let rows: Vec<String> = sqlx::query_scalar("SELECT scope FROM idem_records")
+            .fetch_all(store.pool())
+            .await
+            .expect("rows");
+        assert_eq!(rows, ["b"], "another scope's record kept");
+    }
+
+    /// Unbatched, a claim whose statement fails (a trigger here) fails alone and its transaction is
+    /// ended: the pool's one connection serves the next claim, and the store's answers are those of
+    /// the batched path.
+    #[tokio::test]
+    async fn unbatched_a_failing_claim_ends_its_transaction() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("pool");
+        let store = SqliteStore::from_pool(pool)
+            .await
+            .expect("store")
+            .with_clock(crate::clock::ManualClock::new(NOW))
+            .unbatched();
+        sqlx::query(
+            "CREATE TRIGGER poison BEFORE INSERT ON idem_records WHEN NEW.key = 'bad'
+             BEGIN SELECT RAISE(ABORT, 'poisoned'); END",
+        )
+        .execute(store.pool())
+        .await
+        .expect("trigger");
+        let bad = RecordKey::new("s", "bad");
+        let failed = store.claim(&claim(&bad, 1)).await.expect_err("poisoned");
+        assert_eq!(failed.kind(), super::super::StoreErrorKind::Unavailable);
+        let good = RecordKey::new("s", "good");
+        let first = claim(&good, 1);
+        assert!(matches!(
+            store.claim(&first).await.expect("claim"),
+            ClaimOutcome::Claimed(Claimed {
+                taken_over: false,
+                created_at: NOW,
+                ..
+            })
+        ));
+        match store.claim(&claim(&good, 1)).await.expect("claim") {
+            ClaimOutcome::Existing(Seen { record, now }) => {
+                assert_eq!((record.token, now), (first.token, NOW))
+            }
+            other => panic!("{other:?}"),
+        }
+        store
+            .complete(&good, first.token, &response())
+            .await
+            .expect("complete");
+        assert!(is_completed(&store, &good).await);
+        let fenced = store.release(&good, first.token).await.expect_err("done");
+        assert_eq!(fenced.kind(), super::super::StoreErrorKind::Fenced);
+    }
+
+    /// A database made by the first migration alone (idem before released records) upgrades when
+    /// a store opens it: its records are kept as they were, the table then holds released records,
+    /// and its indexes are there under their names.
+    #[tokio::test]
+    async fn an_existing_database_upgrades_and_keeps_its_records() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+        let pool = SqlitePool::connect_with(SqliteStore::options(&url).expect("options"))
+            .await
+            .expect("pool");
+        super::super::migrations::migrator(&MIGRATIONS[..1])
+            .run(&pool)
+            .await
+            .expect("the first migration");
+        let fp = [9u8; 32];
+        for (key, state, lease, status, takeovers) in [
+            (
+                "running",
+                "in_flight",
+                Some(NOW.as_millis() + 30_000),
+                None,
+                2,
+            ),
+            ("done", "completed", None, Some(201), 0),
+        ] {
+            sqlx::query(
+                "INSERT INTO idem_records (scope, key, fingerprint, token, created_at, expires_at,
+                     retain_until, state, lease_until, takeovers, status, headers, body)
+                 VALUES ('old', ?, ?, 7, ?, ?, ?, ?, ?, ?, ?, '[]', x'6f6b')",
+            )
+            .bind(key)
+            .bind(&fp[..])
+            .bind(NOW.as_millis())
+            .bind(NOW.as_millis() + 3_600_000)
+            .bind(NOW.as_millis() + 7_200_000)
+            .bind(state)
+            .bind(lease)
+            .bind(takeovers)
+            .bind(status)
+            .execute(&pool)
+            .await
+            .expect("old row");
+        }
+        // A released record cannot be stored before the upgrade.
+        let refused = sqlx::query("UPDATE idem_records SET state = 'released' WHERE key = 'done'")
+            .execute(&pool)
+            .await;
+        assert!(refused.is_err(), "the old table's check");
+
+        let store = SqliteStore::from_pool(pool.clone())
+            .await
+            .expect("upgraded")
+            .with_clock(crate::clock::ManualClock::new(NOW));
+        let running = RecordKey::new("old", "running");
+        let found = store.get(&running).await.expect("get").expect("kept");
+        assert_eq!(
+            found.record,
+            Record {
+                fingerprint: Fingerprint(fp),
+                token: FencingToken(7),
+                created_at: NOW,
+                expires_at: NOW + Duration::from_secs(3600),
+                retain_until: NOW + Duration::from_secs(7200),
+                state: RecordState::InFlight {
+                    lease_until: NOW + Duration::from_secs(30)
+                },
+            }
+        );
+        let done = store
+            .get(&RecordKey::new("old", "done"))
+            .await
+            .expect("get")
+            .expect("kept");
+        assert_eq!(
+            done.record.state,
+            RecordState::Completed {
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![],
+                    body: bytes::Bytes::from_static(b"ok"),
+                }
+            }
+        );
+        store
+            .release(&running, FencingToken(7))
+            .await
+            .expect("release");
+        let found = store.get(&running).await.expect("get").expect("kept");
+        assert_eq!(found.record.state, RecordState::Released);
+        // The old record's takeovers do not make its resumption one.
+        let resumed = Claim {
+            fingerprint: Fingerprint(fp),
+            ..claim(&running, 1)
+        };
+        match store.claim(&resumed).await.expect("claim") {
+            ClaimOutcome::Claimed(claimed) => assert_eq!(
+                claimed,
+                Claimed {
+                    taken_over: false,
+                    created_at: NOW,
+                    expires_at: NOW + Duration::from_secs(3600),
+                }
+            ),
+            other => panic!("{other:?}"),
+        }
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records'
+             ORDER BY name",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("indexes");
+        assert_eq!(
+            indexes,
+            [
+                "idem_records_in_flight",
+                "idem_records_retain_until",
+                "sqlite_autoindex_idem_records_1"
+            ]
+        );
+        let versions: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                .fetch_all(&pool)
+                .await
+                .expect("versions");
+        assert_eq!(versions, [20261130000000, 20261207000000]);
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'idem_records%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("tables");
+        assert_eq!(tables, 1, "no table left over from the rebuild");
     }
 
     /// An application's migrator and idem's share `_sqlx_migrations`; with `ignore_missing` on both
