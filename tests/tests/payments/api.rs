@@ -375,7 +375,7 @@ async fn refused_bodies_and_callers_get_problems_and_keep_the_key() {
     send(&app, plain)
         .await
         .assert_problem(415, "urn:payments:problem:unsupported-media-type");
-    for token in ["SCHEMATHESIS-INVALID-VALUE", "a b", &"a".repeat(65)] {
+    for token in ["SCHEMATHESIS-INVALID-VALUE", "a b", &"a".repeat(4097)] {
         let refused = send(&app, post("/payments", Some(token), Some("k1"), KRW_1000)).await;
         refused.assert_problem(401, "urn:payments:problem:unauthorized");
         assert_eq!(refused.header("www-authenticate"), Some("Bearer"));
