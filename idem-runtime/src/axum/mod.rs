@@ -130,6 +130,7 @@
 
 mod attempt;
 pub mod layer;
+mod outcome;
 #[doc(hidden)]
 pub mod private;
 pub mod problem;
@@ -142,6 +143,7 @@ mod transactional;
 
 pub use attempt::Attempt;
 pub use layer::IdempotencyLayer;
+pub use outcome::RequestOutcome;
 pub use problem::ProblemType;
 pub use scope::Scope;
 
