@@ -3,13 +3,14 @@
 //!
 //! Internals: `options.rs` lists the options, `attr.rs` parses the arguments, `config.rs`
 //! validates them against the handler, `values.rs` reads durations, dates, sizes and enum values,
-//! `expand.rs` rewrites the handler.
+//! `names.rs` reads header names and JSON Pointers, `expand.rs` rewrites the handler.
 
 #[macro_use]
 mod options;
 mod attr;
 mod config;
 mod expand;
+mod names;
 mod values;
 
 use proc_macro::TokenStream;

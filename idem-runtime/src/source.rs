@@ -55,7 +55,7 @@ impl KeySource {
     /// key read from anywhere has none either, so the last space of a stored key ends the source.
     pub(crate) fn namespace(&self) -> Option<String> {
         match self {
-            Self::IdempotencyKey => None,
+            Self::IdempotencyKey | Self::Header(crate::key::HEADER) => None,
             Self::Header(name) => Some(format!("header {name}")),
             Self::BodyField(pointer) => Some(format!("body {pointer}")),
         }
