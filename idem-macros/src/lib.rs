@@ -216,7 +216,7 @@ use proc_macro::TokenStream;
 ///
 /// // Google's AIP-155: the request id is in the body.
 /// #[idempotent(scope = "global", key_field = "/request_id", client_errors = "release")]
-/// async fn create_book(axum::Json(book): axum::Json<serde_json::Value>) -> axum::http::StatusCode {
+/// async fn create_book(body: String) -> axum::http::StatusCode {
 ///     axum::http::StatusCode::CREATED
 /// }
 /// # let _: axum::Router<App> = axum::Router::new().route("/a", axum::routing::post(receive_event)).route("/b", axum::routing::post(create_book));
