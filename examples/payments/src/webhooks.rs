@@ -101,10 +101,14 @@ pub(crate) async fn verify(
     let bytes = match axum::body::to_bytes(body, MAX_DELIVERY).await {
         Ok(bytes) => bytes,
         Err(_) => {
-            return api_error(
+            let problem = Problem::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "the delivery is too large or could not be read",
-            )
+                "urn:payments:problem:body-too-large",
+                "Delivery too large",
+            );
+            return problem
+                .detail("The delivery is over 64 KiB, or could not be read.")
+                .into_response();
         }
     };
     if let Err(error) = secret.0.verify(&bytes, &parts.headers) {
