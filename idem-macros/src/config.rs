@@ -56,6 +56,10 @@ pub(crate) enum Value {
     Date(i64),
     /// `max_body`, in bytes.
     Size(usize),
+    /// `key_header` (lower-cased) or `key_field`.
+    Str(String),
+    /// `fingerprint_exclude` or `fingerprint_only`: each pointer and where it was written.
+    Strs(Vec<(String, Span)>),
 }
 
 /// A rule between options, checked on the final policy: when it is broken, the message is
@@ -113,6 +117,7 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         .filter_map(|&opt| Some((opt, value(args.get(opt)?, &mut errors)?)))
         .collect();
     let rules = rules(&args, &values, base.as_ref(), &mut errors);
+    check_sources(&args, &values, &mut errors);
     if let (Some(ScopeSource::Global), Some(w)) = (&scope, args.get(Opt::MissingKey)) {
         if matches!(choice(&values, Opt::MissingKey), Some("Derive")) {
             errors.at(&w.value, "`missing_key = \"derive\"` cannot be used with `scope = \"global\"`: two callers sending the identical request within `derive_window` would share one execution and one response; scope the handler to its caller (`scope = \"<parameter>\"`), or use `missing_key = \"pass\"` or \"reject\"");
@@ -197,6 +202,100 @@ fn rules(
     rules
 }
 
+/// The key's source and the fingerprint's coverage: one of each, and the key field never in its
+/// own fingerprint.
+fn check_sources(args: &Args, values: &[(Opt, Value)], errors: &mut Errors) {
+    for (first, second, what) in [
+        (Opt::KeyHeader, Opt::KeyField, "a handler reads its key from one place: a header (`key_header`) or a body field (`key_field`), not both; remove one"),
+        (Opt::FingerprintExclude, Opt::FingerprintOnly, "`fingerprint_exclude` and `fingerprint_only` cannot be combined: name the members that count (`fingerprint_only`), or the ones that do not (`fingerprint_exclude`); remove one"),
+    ] {
+        if let (Some(_), Some(w)) = (args.get(first), args.get(second)) {
+            errors.at(&w.kw, what);
+        }
+    }
+    let key_field = values.iter().find_map(|(opt, v)| match (opt, v) {
+        (Opt::KeyField, Value::Str(pointer)) => Some(pointer),
+        _ => None,
+    });
+    let only = values.iter().find_map(|(opt, v)| match (opt, v) {
+        (Opt::FingerprintOnly, Value::Strs(pointers)) => Some(pointers),
+        _ => None,
+    });
+    if let (Some(key), Some(only)) = (key_field, only) {
+        for (pointer, at) in only.iter().filter(|(p, _)| p == key) {
+            errors.0.push(syn::Error::new(*at, format!("\"{pointer}\" is the `key_field`, which is never part of its own fingerprint (a retry keeps its key, a new request has another): remove it from `fingerprint_only`")));
+        }
+    }
+}
+
+/// `fingerprint_exclude = ["/a", "/b"]` (or one string): each pointer, checked, at its literal.
+fn pointers(w: &Written, errors: &mut Errors) -> Option<Value> {
+    let name = w.opt.name();
+    let lits: Vec<LitStr> = match &w.value {
+        Expr::Array(array) => {
+            let mut lits = Vec::new();
+            for elem in &array.elems {
+                match syn::parse2::<LitStr>(elem.to_token_stream()) {
+                    Ok(lit) => lits.push(lit),
+                    Err(_) => errors.at(
+                        elem,
+                        format!(
+                            "`{name}` lists JSON Pointers as string literals, like `\"/sent_at\"`"
+                        ),
+                    ),
+                }
+            }
+            if array.elems.is_empty() {
+                errors.at(&w.value, format!("`{name}` needs at least one JSON Pointer, like `{name} = [\"{}\"]`; or leave it out", w.opt.example()));
+                return None;
+            }
+            lits
+        }
+        _ => match literal(w) {
+            Some(lit) => vec![lit],
+            None => {
+                errors.at(
+                    &w.value,
+                    format!(
+                        "`{name}` takes a list of JSON Pointers: write `{name} = [\"{}\"]`",
+                        w.opt.example()
+                    ),
+                );
+                return None;
+            }
+        },
+    };
+    let mut out: Vec<(String, Span)> = Vec::new();
+    let before = errors.0.len();
+    for lit in lits {
+        let text = lit.value();
+        if let Some(message) = pointer_error(name, &text) {
+            errors.at(&lit, message);
+        } else if out.iter().any(|(p, _)| *p == text) {
+            errors.at(
+                &lit,
+                format!("\"{text}\" is already listed in `{name}`; keep one"),
+            );
+        } else {
+            out.push((text, lit.span()));
+        }
+    }
+    (errors.0.len() == before).then_some(Value::Strs(out))
+}
+
+/// Why `text` is no JSON Pointer to a member, in `option`'s words.
+fn pointer_error(option: &str, text: &str) -> Option<String> {
+    let like = "a JSON Pointer (RFC 6901) like \"/id\" or \"/data/request_id\"";
+    match crate::names::parse_pointer(text) {
+        Ok(()) => None,
+        Err(Bad::DidYouMean(s)) => {
+            Some(format!("`{option}` expects {like}; did you mean \"{s}\"?"))
+        }
+        Err(Bad::Note(note)) => Some(format!("invalid `{option}` \"{text}\": {note}")),
+        Err(_) => Some(format!("`{option}` expects {like}, found \"{text}\"")),
+    }
+}
+
 /// Every error, in one.
 fn combined(errors: Vec<syn::Error>) -> Option<syn::Error> {
     errors.into_iter().reduce(|mut all, e| {
@@ -217,6 +316,9 @@ fn choice(values: &[(Opt, Value)], opt: Opt) -> Option<&'static str> {
 fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
     let name = w.opt.name();
     let kind = w.opt.kind();
+    if let Kind::Pointers = kind {
+        return pointers(w, errors);
+    }
     let lit = string(w, errors)?;
     let text = lit.value();
     // A literal the parser refused, given what the option expects.
@@ -255,7 +357,18 @@ fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
             Ok(n) => return usize::try_from(n).ok().map(Value::Size),
             Err(bad) => refused(bad, "a size like \"1MiB\" (a whole number followed by B, KiB, MiB or GiB)"),
         },
-        Kind::Param | Kind::Path => return None,
+        Kind::Header => match crate::names::parse_header(&text) {
+            Ok(name) if name == "idempotency-key" => format!("`{name}` is where keys come from by default: remove `key_header`"),
+            Ok(name) => return Some(Value::Str(name)),
+            Err(Bad::DidYouMean(s)) => format!("`key_header` expects a header name like \"webhook-id\"; did you mean \"{s}\"?"),
+            Err(Bad::Note(note)) => format!("invalid `key_header` \"{text}\": {note}"),
+            Err(_) => format!("`key_header` expects a header name like \"webhook-id\", found \"{text}\""),
+        },
+        Kind::Pointer => match pointer_error(name, &text) {
+            None => return Some(Value::Str(text)),
+            Some(message) => message,
+        },
+        Kind::Param | Kind::Path | Kind::Pointers => return None,
     };
     errors.at(&lit, message);
     None
@@ -582,6 +695,56 @@ mod tests {
         assert!(errors(quote!(scope = "r#user")).is_empty());
         let e = errors(quote!(scope = "body_"));
         assert!(e[0].contains("did you mean `body`?"), "{e:?}");
+    }
+
+    #[test]
+    fn key_sources_and_fingerprint_pointers_are_checked() {
+        assert!(errors(quote!(
+            scope = "global",
+            key_header = "Webhook-Id",
+            fingerprint_exclude = ["/sent_at", "/meta/trace_id"],
+            client_errors = "release"
+        ))
+        .is_empty());
+        assert!(errors(quote!(
+            scope = "global",
+            key_field = "/data/request_id",
+            fingerprint_only = ["/amount"]
+        ))
+        .is_empty());
+        let e = errors(quote!(scope = "global", key_field = "data.request_id"));
+        assert_eq!(e, ["`key_field` expects a JSON Pointer (RFC 6901) like \"/id\" or \"/data/request_id\"; did you mean \"/data/request_id\"?"]);
+        let e = errors(quote!(scope = "global", key_header = "webhook id"));
+        assert!(
+            e[0].starts_with("invalid `key_header` \"webhook id\": a space"),
+            "{e:?}"
+        );
+        let e = errors(quote!(
+            scope = "global",
+            key_header = "webhook-id",
+            key_field = "/id"
+        ));
+        assert!(
+            e[0].starts_with("a handler reads its key from one place"),
+            "{e:?}"
+        );
+        let e = errors(quote!(
+            scope = "global",
+            key_field = "/id",
+            fingerprint_only = ["/amount", "/id"]
+        ));
+        assert!(e[0].starts_with("\"/id\" is the `key_field`"), "{e:?}");
+        let e = errors(quote!(
+            scope = "global",
+            fingerprint_exclude = ["/a", "/a", "/b~"]
+        ));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].contains("already listed"), "{e:?}");
+        assert!(e[1].contains("`~0`"), "{e:?}");
+        let e = errors(quote!(scope = "global", fingerprint_exclude = []));
+        assert!(e[0].contains("at least one JSON Pointer"), "{e:?}");
+        let e = errors(quote!(scope = "global", client_errors = "keep"));
+        assert!(e[0].ends_with("did you mean \"store\"?"), "{e:?}");
     }
 
     #[test]

@@ -184,6 +184,11 @@ fn policy(
             }
             Value::Date(ms) => ms.to_token_stream(),
             Value::Size(bytes) => bytes.to_token_stream(),
+            Value::Str(text) => text.to_token_stream(),
+            Value::Strs(pointers) => {
+                let pointers = pointers.iter().map(|(p, _)| p);
+                quote_spanned!(def=> &[#(#pointers),*])
+            }
         };
         chain.extend(quote_spanned!(def=> .#method(#arg)));
     }

@@ -3,13 +3,14 @@
 //!
 //! Internals: `options.rs` lists the options, `attr.rs` parses the arguments, `config.rs`
 //! validates them against the handler, `values.rs` reads durations, dates, sizes and enum values,
-//! `expand.rs` rewrites the handler.
+//! `names.rs` reads header names and JSON Pointers, `expand.rs` rewrites the handler.
 
 #[macro_use]
 mod options;
 mod attr;
 mod config;
 mod expand;
+mod names;
 mod values;
 
 use proc_macro::TokenStream;
@@ -162,6 +163,65 @@ use proc_macro::TokenStream;
 ///   come after the effect happened (a timeout from a payment provider after the charge went
 ///   through), where running the handler again could repeat it.
 ///
+/// ## `client_errors`
+///
+/// What a 4xx response from the handler does to the key (2xx and 3xx are always stored):
+///
+/// - `"store"` (default): stored and replayed to every retry with the key; a client that corrects
+///   its request must send it under a new key (with the same key and another body it gets 422).
+///   Right when a 4xx is that request's final answer (a card declined, an unknown account).
+/// - `"release"`: not stored; the key is released, so the corrected retry with the same key runs
+///   the handler. Right when a 4xx means nothing happened (a validation error). In transactional
+///   mode the handler's writes are rolled back, as for a 5xx.
+///
+/// ## `key_header`, `key_field`: where the key comes from
+///
+/// By default the key is the `Idempotency-Key` header. `key_header = "webhook-id"` reads it from
+/// another header (Standard Webhooks' `webhook-id`, GitHub's `X-GitHub-Delivery`; any case, read
+/// as the `Idempotency-Key` is: sent once, 1 to 255 visible ASCII characters).
+/// `key_field = "/data/request_id"` reads it from the JSON body, by JSON Pointer (RFC 6901:
+/// `/` before each member's name, `~0` for `~` and `~1` for `/` inside a name): a string of 1 to
+/// 255 visible ASCII characters, or an integer. A request without it (no such header, no such
+/// member, `null`, or a body that is not JSON) follows `missing_key`. A malformed header name or
+/// pointer is a compile error on the literal (`"data.request_id"` suggests
+/// `"/data/request_id"`); naming both options is one too.
+///
+/// Keys from different sources never meet: a `webhook-id` of `abc`, a body field `abc` and an
+/// `Idempotency-Key: abc` are three keys, each apart from derived keys too. The body field a key
+/// is read from is never part of the request's fingerprint.
+///
+/// ## `fingerprint_exclude`, `fingerprint_only`: what makes a retry the same request
+///
+/// By default the fingerprint is the method, the path with its query and the whole body (JSON
+/// compared by meaning). `fingerprint_exclude = ["/sent_at", "/meta/trace_id"]` leaves JSON
+/// members out, nested ones included, so a retry whose timestamp or trace id changed is still the
+/// same request; `fingerprint_only = ["/amount", "/currency"]` counts only the members named (a
+/// member sent as `null` differs from one left out). Each entry is a JSON Pointer checked at
+/// compile time; an array element is blanked, not removed, so later elements keep their places.
+/// A body that is not JSON is compared whole. The two cannot be combined, and `fingerprint_only`
+/// cannot name the `key_field`.
+///
+/// A retry that differs only in excluded members gets the stored response **as it was**: what
+/// the first request's excluded members produced (an echoed `sent_at`, say) is replayed, and the
+/// retry's own values are never seen.
+///
+/// ```
+/// # use idem_runtime::idempotent; use axum::extract::State;
+/// # #[derive(Clone)] struct App; impl axum::extract::FromRef<App> for idem_runtime::Engine { fn from_ref(_: &App) -> Self { unimplemented!() } }
+/// // A provider redelivers until it gets a 2xx, with a new `sent_at` and `trace_id` each time.
+/// #[idempotent(scope = "global", key_header = "webhook-id", fingerprint_exclude = ["/sent_at", "/meta/trace_id"])]
+/// async fn receive_event(body: String) -> &'static str {
+///     "received"
+/// }
+///
+/// // Google's AIP-155: the request id is in the body.
+/// #[idempotent(scope = "global", key_field = "/request_id", client_errors = "release")]
+/// async fn create_book(body: String) -> axum::http::StatusCode {
+///     axum::http::StatusCode::CREATED
+/// }
+/// # let _: axum::Router<App> = axum::Router::new().route("/a", axum::routing::post(receive_event)).route("/b", axum::routing::post(create_book));
+/// ```
+///
 /// ## `max_body`
 ///
 /// The largest request body accepted (413 beyond). The body is buffered once to fingerprint it
@@ -284,8 +344,9 @@ use proc_macro::TokenStream;
 /// # OpenAPI (`utoipa`)
 ///
 /// A `#[utoipa::path(...)]` written *below* `#[idempotent]` gets the handler's `Idempotency-Key`
-/// header added to its `params(...)`, described from the handler's final policy (required or not,
-/// syntax, `ttl` and `retain`). `idem_runtime::openapi::Idempotency`, added once to the API's
+/// header (or its `key_header`; a `key_field` is described in the operation) added to its
+/// `params(...)`, described from the handler's final policy (required or not, syntax, `ttl` and
+/// `retain`, fingerprint exclusions). `idem_runtime::openapi::Idempotency`, added once to the API's
 /// modifiers, adds the `Idempotency-Replayed` and `Idempotency-Expires` response headers and idem's
 /// problem responses. Written *above*, utoipa would run first and document the handler without
 /// any of this, so that order is a compile error that says to move the path attribute below. This

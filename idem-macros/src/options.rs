@@ -24,6 +24,12 @@ pub(crate) enum Kind {
     Size,
     /// The path of a `const` policy.
     Path,
+    /// An HTTP header name.
+    Header,
+    /// A JSON Pointer to a member of the body.
+    Pointer,
+    /// A list of JSON Pointers, `["/a", "/b"]`.
+    Pointers,
 }
 
 /// Generates, from one row per option (keyword, variant, kind, the example value messages
@@ -82,6 +88,16 @@ options! {
         "`\"full\"`, `\"minimal\"`", "`\"full\"`";
     server_errors ServerErrors: Kind::Choice("ServerErrors", values::SERVER_ERRORS), "release",
         "`\"release\"`, `\"store\"`", "`\"release\"`";
+    client_errors ClientErrors: Kind::Choice("ClientErrors", values::CLIENT_ERRORS), "store",
+        "`\"store\"`, `\"release\"`", "`\"store\"`";
+    key_header KeyHeader: Kind::Header, "webhook-id",
+        "a header name; not with `key_field`", "`Idempotency-Key`";
+    key_field KeyField: Kind::Pointer, "/id",
+        "a JSON Pointer to a body member, like `\"/data/request_id\"`", "none";
+    fingerprint_exclude FingerprintExclude: Kind::Pointers, "/sent_at",
+        "JSON Pointers, `[\"/sent_at\", \"/meta/trace_id\"]`; not with `fingerprint_only`", "none";
+    fingerprint_only FingerprintOnly: Kind::Pointers, "/amount",
+        "JSON Pointers, `[\"/amount\", \"/currency\"]`", "the whole request";
     policy Policy: Kind::Path, "PAYMENTS",
         "path of a `const` [`Policy`]", "`Policy::new()`";
     max_body MaxBody: Kind::Size, "1MiB",

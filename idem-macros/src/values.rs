@@ -317,6 +317,12 @@ pub(crate) const SERVER_ERRORS: &[Choice] = choices! {
     "store" Store "stored and replayed like any other status": "keep" "cache" "replay" "save" "stored" "persist";
 };
 
+/// `client_errors`: `ClientErrors`.
+pub(crate) const CLIENT_ERRORS: &[Choice] = choices! {
+    "store" Store "stored and replayed: the client corrects its request under a new key": "keep" "cache" "replay" "save" "stored" "persist";
+    "release" Release "not stored: the corrected retry with the same key runs": "retry" "rerun" "forget" "drop" "discard" "released";
+};
+
 /// The choice written `text`, or the probable intended one (if any) for the message.
 pub(crate) fn parse_choice<'c>(
     text: &str,

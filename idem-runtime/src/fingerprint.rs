@@ -6,6 +6,8 @@
 //! sent a different request. Numbers and strings are hashed as written after parsing (`1.0` and `1`
 //! differ). Any other body, and a JSON body that does not parse, is hashed byte for byte.
 
+pub use crate::coverage::Coverage;
+use crate::source::KeySource;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -26,20 +28,85 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     /// Fingerprints a request. `content_type` decides whether the body is compared as JSON.
     pub fn of_request(method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> Self {
-        let mut h = Sha256::new();
-        for part in [method, path] {
-            h.update(part.as_bytes());
-            h.update([0]);
+        Self::of_json(method, path, parse_json(content_type, body).as_ref(), body)
+    }
+
+    /// Fingerprints a request as a handler with this [`Coverage`] and [`KeySource`] sees it: a
+    /// JSON body loses the excluded members (or keeps only the named ones), and never counts the
+    /// member its key is read from. Any other body is compared whole, byte for byte.
+    ///
+    /// ```
+    /// use idem_runtime::{fingerprint::Coverage, source::KeySource, Fingerprint};
+    /// let cover = Coverage::Exclude(&["/sent_at"]);
+    /// let of = |body: &str| Fingerprint::of_request_covering("POST", "/hooks", Some("application/json"),
+    ///     body.as_bytes(), &cover, &KeySource::BodyField("/id"));
+    /// assert_eq!(of(r#"{"id":"a","sent_at":1,"amount":5}"#), of(r#"{"id":"b","sent_at":2,"amount":5}"#));
+    /// assert_ne!(of(r#"{"id":"a","sent_at":1,"amount":5}"#), of(r#"{"id":"a","sent_at":1,"amount":6}"#));
+    /// ```
+    pub fn of_request_covering(
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+        coverage: &Coverage,
+        key: &KeySource,
+    ) -> Self {
+        let json = parse_json(content_type, body);
+        Self::of_covered(method, path, json, body, coverage, key)
+    }
+
+    /// [`of_request_covering`](Self::of_request_covering) on a body parsed already (`None`: not
+    /// JSON).
+    pub(crate) fn of_covered(
+        method: &str,
+        path: &str,
+        json: Option<Value>,
+        body: &[u8],
+        coverage: &Coverage,
+        key: &KeySource,
+    ) -> Self {
+        let Some(mut value) = json else {
+            return Self::of_json(method, path, None, body);
+        };
+        if let KeySource::BodyField(pointer) = key {
+            crate::source::remove(&mut value, pointer);
         }
-        let json = content_type
-            .filter(|t| is_json(t))
-            .map(|_| serde_json::from_slice(body));
-        match json {
-            Some(Ok(value)) => {
-                h.update(b"json\0");
-                canonical(&mut h, &value);
+        match coverage {
+            Coverage::Whole => Self::of_json(method, path, Some(&value), body),
+            Coverage::Exclude(pointers) => {
+                for pointer in *pointers {
+                    crate::source::remove(&mut value, pointer);
+                }
+                Self::of_json(method, path, Some(&value), body)
             }
-            _ => {
+            Coverage::Only(pointers) => {
+                // Each named member, or its absence, in the order the policy names them.
+                let mut h = head(method, path);
+                h.update(b"json-only\0");
+                for pointer in *pointers {
+                    write(&mut h, pointer);
+                    match value.pointer(pointer) {
+                        Some(member) => {
+                            h.update(b"=");
+                            canonical(&mut h, member);
+                        }
+                        None => h.update(b"-"),
+                    }
+                    h.update(b"\0");
+                }
+                Self(h.finalize().into())
+            }
+        }
+    }
+
+    fn of_json(method: &str, path: &str, json: Option<&Value>, body: &[u8]) -> Self {
+        let mut h = head(method, path);
+        match json {
+            Some(value) => {
+                h.update(b"json\0");
+                canonical(&mut h, value);
+            }
+            None => {
                 h.update(b"bytes\0");
                 h.update(body);
             }
@@ -78,6 +145,23 @@ impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint({})", &self.to_hex()[..12])
     }
+}
+
+/// The hash so far of the method and the path.
+fn head(method: &str, path: &str) -> Sha256 {
+    let mut h = Sha256::new();
+    for part in [method, path] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    h
+}
+
+/// The body as JSON, if its content type says JSON and it parses.
+pub(crate) fn parse_json(content_type: Option<&str>, body: &[u8]) -> Option<Value> {
+    content_type
+        .filter(|t| is_json(t))
+        .and_then(|_| serde_json::from_slice(body).ok())
 }
 
 /// `application/json`, `application/problem+json`, `text/json; charset=utf-8`, ...

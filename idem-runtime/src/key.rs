@@ -53,9 +53,33 @@ pub enum KeyError {
     /// with a comma must be sent quoted (`"a,b"`).
     #[error("the Idempotency-Key has an unquoted comma, as when two Idempotency-Key headers are merged into one; send one key, or quote a key that contains a comma")]
     UnquotedComma,
+    /// A key read from a JSON body field that is neither a string nor an integer.
+    #[error("the Idempotency-Key is neither a string nor an integer")]
+    NotText,
 }
 
 impl IdempotencyKey {
+    /// A key given as text, not as a header value (a JSON body field): 1 to 255 visible ASCII
+    /// characters, taken as they are (no quoting, commas allowed).
+    ///
+    /// ```
+    /// use idem_runtime::IdempotencyKey;
+    /// assert_eq!(IdempotencyKey::from_text("evt_1,2").unwrap().as_str(), "evt_1,2");
+    /// assert!(IdempotencyKey::from_text("").is_err());
+    /// ```
+    pub fn from_text(text: &str) -> Result<Self, KeyError> {
+        if text.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if text.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong);
+        }
+        if let Some(pos) = text.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
+            return Err(KeyError::InvalidCharacter(pos));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
     /// Parses a header value, bare or in structured-field string form.
     pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
         let raw = trim_ows(raw);

@@ -63,6 +63,7 @@ pub mod axum;
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
 pub mod clock;
+mod coverage;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
@@ -72,6 +73,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod policy;
 pub mod record;
+pub mod source;
 pub mod store;
 pub mod sweeper;
 mod sync;

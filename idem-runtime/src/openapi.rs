@@ -62,7 +62,7 @@
 
 use crate::axum::problem::{ProblemType, PROBLEM_JSON};
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::policy::{MissingKey, Policy};
+use crate::policy::{Coverage, KeySource, MissingKey, Policy};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 use utoipa::openapi::path::Parameter;
@@ -93,13 +93,16 @@ impl utoipa::Modify for Idempotency {
             ];
             let more = [&mut i.options, &mut i.head, &mut i.trace];
             for operation in operations.into_iter().chain(more).flatten() {
+                describe_body_key(operation);
                 let params = operation.parameters.iter().flatten();
-                let Some(policy) = params
+                let from_params = params
                     .filter_map(|p| p.extensions.as_ref()?.get(EXTENSION))
-                    .next()
-                else {
+                    .next();
+                let own = operation.extensions.as_ref().and_then(|e| e.get(EXTENSION));
+                let Some(policy) = from_params.or(own).cloned() else {
                     continue;
                 };
+                let policy = &policy;
                 let responses = &mut operation.responses.responses;
                 let Ok(Value::Object(mut all)) = serde_json::to_value(&*responses) else {
                     continue;
@@ -127,8 +130,13 @@ impl utoipa::Modify for Idempotency {
     }
 }
 
-/// The `Idempotency-Key` header parameter of an operation under `policy`, for documents built
-/// by hand (the attribute adds it to `#[utoipa::path]` operations itself).
+/// The key parameter of an operation under `policy`, for documents built by hand (the attribute
+/// adds it to `#[utoipa::path]` operations itself): the `Idempotency-Key` header, or the header the
+/// policy reads its key from (`webhook-id`). For a key read from a JSON body field there is no
+/// parameter to document: the parameter is then a stand-in, named [`BODY_KEY_PARAMETER`], that
+/// [`Idempotency`] replaces with a paragraph of the operation's description and an `x-idem`
+/// extension on the operation. Either way the policy's `x-idem` extension names the key's source
+/// (`key_source`) and what the fingerprint leaves out (`fingerprint`).
 pub fn key_parameter(policy: &Policy) -> Parameter {
     let (ttl, retain) = (human(policy.ttl), human(policy.retain));
     let window = human(policy.derive_window);
@@ -142,17 +150,86 @@ pub fn key_parameter(policy: &Policy) -> Parameter {
         (MissingKey::Pass, Some(at)) => format!("Optional until {}, then required.", date(at)),
         (MissingKey::Derive, _) => format!("Optional: identical requests within {window} are one."),
     };
+    let (source, name) = match policy.key_source {
+        KeySource::Header(name) => (json!({"header": name}), name),
+        KeySource::BodyField(pointer) => (json!({"body": pointer}), BODY_KEY_PARAMETER),
+        _ => (json!({"header": crate::key::HEADER}), "Idempotency-Key"),
+    };
+    let (covered, exclusions) = match policy.fingerprint {
+        Coverage::Exclude(pointers) => (json!({"exclude": pointers}), format!(" The request is the same request whatever its body's {} say (its stored response is replayed as it was).", list(pointers))),
+        Coverage::Only(pointers) => (json!({"only": pointers}), format!(" Only the method, the path and the body's {} decide whether a retry is the same request.", list(pointers))),
+        _ => (json!("whole"), String::new()),
+    };
     let extension = json!({
         "ttl_ms": policy.ttl.as_millis() as u64, "retain_ms": policy.retain.as_millis() as u64,
         "wait_ms": policy.wait.as_millis() as u64, "derive_window_ms": policy.derive_window.as_millis() as u64,
         "missing_key": format!("{:?}", policy.missing_key).to_lowercase(), "reject_after_ms": policy.reject_after_ms,
-        "server_errors": format!("{:?}", policy.server_errors).to_lowercase(), "max_request_body": policy.max_request_body,
+        "server_errors": format!("{:?}", policy.server_errors).to_lowercase(),
+        "client_errors": format!("{:?}", policy.client_errors).to_lowercase(), "max_request_body": policy.max_request_body,
+        "key_source": source, "fingerprint": covered,
     });
-    let description = format!("A unique key for this request (a UUID, say), sent again unchanged when the request is retried: a retry gets the first request's stored response instead of running again. 1 to 255 visible ASCII characters, bare or as a quoted string (quote a key that contains a comma). {without} Expiry: a response is replayed for {ttl} after the first request; after that, and until {retain} after it, the key answers 410 and is not run again.");
+    let expiry = format!("Expiry: a response is replayed for {ttl} after the first request; after that, and until {retain} after it, the key answers 410 and is not run again.");
+    let description = match policy.key_source {
+        KeySource::BodyField(pointer) => format!("The idempotency key is the JSON body's `{pointer}` member (a string of 1 to 255 visible ASCII characters, or an integer), sent again unchanged when the request is retried: a retry gets the first request's stored response instead of running again. It is not part of the request's fingerprint. {without}{exclusions} {expiry}"),
+        KeySource::Header(_) => format!("The idempotency key of this operation (in place of `Idempotency-Key`), sent again unchanged when the request is retried: a retry gets the first request's stored response instead of running again. 1 to 255 visible ASCII characters, bare or as a quoted string. {without}{exclusions} {expiry}"),
+        _ => format!("A unique key for this request (a UUID, say), sent again unchanged when the request is retried: a retry gets the first request's stored response instead of running again. 1 to 255 visible ASCII characters, bare or as a quoted string (quote a key that contains a comma). {without}{exclusions} {expiry}"),
+    };
     let schema = json!({"type": "string", "minLength": 1, "maxLength": KEY_MAX_LENGTH, "pattern": KEY_PATTERN});
-    let parameter = json!({"name": "Idempotency-Key", "in": "header", "required": required,
+    let parameter = json!({"name": name, "in": "header", "required": required && name != BODY_KEY_PARAMETER,
         "description": description, "schema": schema, "example": "8e03978e-40d5-43e8-bc93-6894a57f9324", EXTENSION: extension});
     serde_json::from_value(parameter).expect("the parameter is well-formed")
+}
+
+/// The stand-in parameter of an operation whose key is a JSON body field, which [`Idempotency`]
+/// turns into the operation's description and extension.
+pub const BODY_KEY_PARAMETER: &str = "x-idem-body-key";
+
+/// `` `/a`, `/b` and `/c` members ``.
+fn list(pointers: &[&str]) -> String {
+    let quoted: Vec<String> = pointers.iter().map(|p| format!("`{p}`")).collect();
+    let members = match quoted.len() {
+        1 => "member",
+        _ => "members",
+    };
+    match quoted.split_last() {
+        Some((last, [])) => format!("{last} {members}"),
+        Some((last, rest)) => format!("{} and {last} {members}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// An operation whose key is a body field: its stand-in parameter becomes a paragraph of the
+/// description and the operation's `x-idem` extension.
+fn describe_body_key(operation: &mut utoipa::openapi::path::Operation) {
+    let Some(params) = operation.parameters.as_mut() else {
+        return;
+    };
+    let Some(at) = params.iter().position(|p| p.name == BODY_KEY_PARAMETER) else {
+        return;
+    };
+    let param = params.remove(at);
+    if params.is_empty() {
+        operation.parameters = None;
+    }
+    if let Some(text) = param.description {
+        let description = operation.description.get_or_insert_with(String::new);
+        if !description.contains(&text) {
+            *description = [description.as_str(), &text].join(if description.is_empty() {
+                ""
+            } else {
+                "\n\n"
+            });
+        }
+    }
+    if let Some(policy) = param
+        .extensions
+        .as_ref()
+        .and_then(|e| e.get(EXTENSION))
+        .cloned()
+    {
+        let extensions = operation.extensions.get_or_insert_with(Default::default);
+        extensions.insert(EXTENSION.into(), policy);
+    }
 }
 
 /// The `Idempotency-Key` values idem accepts ([`IdempotencyKey::parse`](crate::IdempotencyKey::parse)),
@@ -177,7 +254,11 @@ fn document(responses: &mut Map<String, Value>, policy: &Value) {
         let ours = response["description"]
             .as_str()
             .is_some_and(|d| d.starts_with(IDEM));
-        let stored = !status.starts_with('5') || policy["server_errors"] == "store";
+        let stored = match status.as_bytes().first() {
+            Some(b'5') => policy["server_errors"] == "store",
+            Some(b'4') => policy["client_errors"] != "release",
+            _ => true,
+        };
         if stored && !ours && response.get("$ref").is_none() {
             merge(response, replay.clone());
         }
@@ -223,8 +304,8 @@ fn problems(policy: &Value) -> Vec<(u16, String)> {
     for kind in ProblemType::ALL {
         let what = match kind {
             ProblemType::MissingKey => match (policy["missing_key"].as_str(), policy["reject_after_ms"].as_i64()) {
-                (Some("reject"), _) => "no `Idempotency-Key` was sent".into(),
-                (Some("pass"), Some(at)) => format!("no `Idempotency-Key` was sent, from {} on", date(at)),
+                (Some("reject"), _) => format!("no {} was sent", source(policy)),
+                (Some("pass"), Some(at)) => format!("no {} was sent, from {} on", source(policy), date(at)),
                 _ => continue,
             },
             ProblemType::MalformedKey => "the key is malformed, or was sent twice".into(),
@@ -248,6 +329,18 @@ fn problems(policy: &Value) -> Vec<(u16, String)> {
     by_status
 }
 
+/// How problems name the key's source under the `x-idem` policy.
+fn source(policy: &Value) -> String {
+    match (
+        &policy["key_source"]["header"],
+        &policy["key_source"]["body"],
+    ) {
+        (Value::String(name), _) if name != crate::key::HEADER => format!("`{name}` header"),
+        (_, Value::String(pointer)) => format!("`{pointer}` body field"),
+        _ => "`Idempotency-Key`".into(),
+    }
+}
+
 /// `d` in its largest whole unit: `24 h`, `7 d`, `90 s`, `250 ms`.
 fn human(d: Duration) -> String {
     let ms = d.as_millis();
@@ -267,4 +360,59 @@ fn human(d: Duration) -> String {
 
 fn date(ms: i64) -> String {
     httpdate::fmt_http_date(Timestamp::from_millis(ms).to_system_time())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+    use utoipa::openapi::{OpenApiBuilder, PathsBuilder};
+    use utoipa::Modify;
+
+    fn documented(policy: &Policy) -> utoipa::openapi::path::Operation {
+        let operation = OperationBuilder::new()
+            .description(Some("Receives."))
+            .parameter(key_parameter(policy))
+            .build();
+        let paths = PathsBuilder::new().path("/hooks", PathItem::new(HttpMethod::Post, operation));
+        let mut api = OpenApiBuilder::new().paths(paths).build();
+        Idempotency.modify(&mut api);
+        let item = api.paths.paths.remove("/hooks").expect("the path");
+        item.post.expect("the operation")
+    }
+
+    #[test]
+    fn the_key_source_and_the_exclusions_are_documented() {
+        let policy = Policy::new()
+            .key_header("webhook-id")
+            .fingerprint_exclude(&["/sent_at", "/meta/trace_id"]);
+        let op = documented(&policy);
+        let param = &op.parameters.as_ref().expect("parameters")[0];
+        assert_eq!(param.name, "webhook-id");
+        let text = param.description.as_deref().unwrap_or_default();
+        assert!(
+            text.contains("`/sent_at` and `/meta/trace_id` members"),
+            "{text}"
+        );
+        let x = &param.extensions.as_ref().expect("x-idem")[EXTENSION];
+        assert_eq!(x["key_source"], json!({"header": "webhook-id"}));
+        assert_eq!(
+            x["fingerprint"],
+            json!({"exclude": ["/sent_at", "/meta/trace_id"]})
+        );
+        assert!(op.responses.responses.contains_key("400"));
+
+        let op = documented(&Policy::new().key_field("/data/request_id"));
+        assert!(op.parameters.is_none(), "the stand-in is gone");
+        let text = op.description.as_deref().unwrap_or_default();
+        assert!(
+            text.starts_with(
+                "Receives.\n\nThe idempotency key is the JSON body's `/data/request_id` member"
+            ),
+            "{text}"
+        );
+        let x = &op.extensions.as_ref().expect("x-idem")[EXTENSION];
+        assert_eq!(x["key_source"], json!({"body": "/data/request_id"}));
+        assert!(op.responses.responses.contains_key("422"));
+    }
 }

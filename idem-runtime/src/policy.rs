@@ -18,6 +18,8 @@
 //! The `#[idempotent]` attribute checks the same rules at compile time and points at the offending
 //! option; [`Policy::validate`] checks them for policies built by hand.
 
+pub use crate::coverage::Coverage;
+pub use crate::source::KeySource;
 use std::time::Duration;
 
 /// The longest `ttl` and `retain` accepted: one year. Longer almost certainly means a unit mistake.
@@ -60,6 +62,22 @@ pub enum ServerErrors {
     Store,
 }
 
+/// What a 4xx response from the handler does to its key. 2xx and 3xx responses are always stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ClientErrors {
+    /// Store the response and replay it to every retry with the key: the client must correct its
+    /// request under a new key. Right when a 4xx is the answer to that request for good (a
+    /// payment refused, an unknown account), and the default.
+    #[default]
+    Store,
+    /// Release the key without storing the response, so that the corrected retry with the same
+    /// key runs the handler. Right when a 4xx means nothing happened and the client is expected
+    /// to fix and resend (a validation error); in transactional mode, the handler's writes are
+    /// rolled back as for a 5xx.
+    Release,
+}
+
 /// The idempotency policy of one handler (or one family of handlers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -84,6 +102,14 @@ pub struct Policy {
     pub replay: ReplayMode,
     /// What a 5xx response does to the key: released for a retry to run again, or stored.
     pub server_errors: ServerErrors,
+    /// What a 4xx response does to the key: stored and replayed, or released for the corrected
+    /// retry to run.
+    pub client_errors: ClientErrors,
+    /// Where the key comes from: the `Idempotency-Key` header, another header, or a JSON body field.
+    pub key_source: KeySource,
+    /// What the fingerprint covers: the whole request, or the JSON body without (or with only)
+    /// some members.
+    pub fingerprint: Coverage,
     /// The largest response body stored; larger bodies are stored as in [`ReplayMode::Minimal`].
     pub max_stored_body: usize,
     /// The largest request body accepted (413 beyond).
@@ -114,6 +140,13 @@ pub enum PolicyError {
     RejectAfterWithoutPass,
     /// `missing_key = derive` on keys shared by every caller (a global scope).
     DeriveWithGlobalScope,
+    /// `key_header` is not a lower-case HTTP header name.
+    InvalidKeyHeader,
+    /// A JSON Pointer (of `key_field`, `fingerprint_exclude` or `fingerprint_only`, named) is not
+    /// an RFC 6901 pointer to a member: it must start with `/`, and escape `~` as `~0`, `/` as `~1`.
+    InvalidPointer(&'static str),
+    /// `fingerprint_only` names the `key_field`, which is never part of its own fingerprint.
+    KeyFieldInFingerprint,
 }
 
 impl PolicyError {
@@ -133,6 +166,13 @@ impl PolicyError {
             Self::DeriveWindowLongerThanTtl => "idem policy: `derive_window` must not exceed `ttl`: a derived key cannot outlive the record",
             Self::RejectAfterWithoutPass => "idem policy: `reject_after` only applies with `missing_key = pass` (pass requests without a key until the date, reject them from it)",
             Self::DeriveWithGlobalScope => "idem policy: `missing_key = derive` cannot be used with a global scope: two callers sending the identical request would share one execution; scope the handler to its caller",
+            Self::InvalidKeyHeader => "idem policy: `key_header` must be a lower-case HTTP header name (letters, digits and `!#$%&'*+-.^_`|~`), like \"webhook-id\"",
+            Self::InvalidPointer(option) => match option.as_bytes() {
+                b"key_field" => "idem policy: `key_field` must be a JSON Pointer to a member (RFC 6901), like \"/id\" or \"/data/request_id\": it starts with `/`, and `~` is written `~0`, `/` inside a name `~1`",
+                b"fingerprint_only" => "idem policy: every `fingerprint_only` entry must be a JSON Pointer to a member (RFC 6901), like \"/amount\": it starts with `/`, and `~` is written `~0`, `/` inside a name `~1`",
+                _ => "idem policy: every `fingerprint_exclude` entry must be a JSON Pointer to a member (RFC 6901), like \"/sent_at\": it starts with `/`, and `~` is written `~0`, `/` inside a name `~1`",
+            },
+            Self::KeyFieldInFingerprint => "idem policy: `fingerprint_only` names the `key_field`, which is never part of its own fingerprint: remove it from `fingerprint_only`",
         }
     }
 }
@@ -159,6 +199,9 @@ impl Policy {
             reject_after_ms: None,
             replay: ReplayMode::Full,
             server_errors: ServerErrors::Release,
+            client_errors: ClientErrors::Store,
+            key_source: KeySource::IdempotencyKey,
+            fingerprint: Coverage::Whole,
             max_stored_body: 64 * 1024,
             max_request_body: 1024 * 1024,
             replay_headers: &[],
@@ -230,6 +273,47 @@ impl Policy {
         self
     }
 
+    /// Sets what a 4xx response does to the key ([`ClientErrors::Store`] by default).
+    ///
+    /// ```
+    /// use idem_runtime::policy::{ClientErrors, Policy};
+    /// // A 422 for a malformed order: the client fixes it and sends it again with the same key.
+    /// const ORDERS: Policy = Policy::new().client_errors(ClientErrors::Release);
+    /// assert_eq!(ORDERS.client_errors, ClientErrors::Release);
+    /// ```
+    pub const fn client_errors(mut self, client_errors: ClientErrors) -> Self {
+        self.client_errors = client_errors;
+        self
+    }
+
+    /// Reads the key from the header `name` (lower case, `"webhook-id"`) instead of
+    /// `Idempotency-Key`.
+    pub const fn key_header(mut self, name: &'static str) -> Self {
+        self.key_source = KeySource::Header(name);
+        self
+    }
+
+    /// Reads the key from the JSON body's member at `pointer` (RFC 6901, `"/data/request_id"`)
+    /// instead of the `Idempotency-Key` header. That member never counts in the fingerprint.
+    pub const fn key_field(mut self, pointer: &'static str) -> Self {
+        self.key_source = KeySource::BodyField(pointer);
+        self
+    }
+
+    /// Leaves these JSON body members (RFC 6901 pointers) out of the fingerprint: a retry that
+    /// changes only them is the same request, and gets the stored response as it was.
+    pub const fn fingerprint_exclude(mut self, pointers: &'static [&'static str]) -> Self {
+        self.fingerprint = Coverage::Exclude(pointers);
+        self
+    }
+
+    /// Fingerprints only these JSON body members (RFC 6901 pointers), besides the method and the
+    /// path.
+    pub const fn fingerprint_only(mut self, pointers: &'static [&'static str]) -> Self {
+        self.fingerprint = Coverage::Only(pointers);
+        self
+    }
+
     /// Sets the stored-body cap.
     pub const fn max_stored_body(mut self, bytes: usize) -> Self {
         self.max_stored_body = bytes;
@@ -282,6 +366,40 @@ impl Policy {
         if self.reject_after_ms.is_some() && !matches!(self.missing_key, MissingKey::Pass) {
             return Err(PolicyError::RejectAfterWithoutPass);
         }
+        self.validate_sources()
+    }
+
+    /// The key source's name and the fingerprint's pointers.
+    const fn validate_sources(&self) -> Result<(), PolicyError> {
+        use crate::source::{check_header, check_pointer};
+        match self.key_source {
+            KeySource::Header(name) if check_header(name).is_err() => {
+                return Err(PolicyError::InvalidKeyHeader)
+            }
+            KeySource::BodyField(pointer) if check_pointer(pointer).is_err() => {
+                return Err(PolicyError::InvalidPointer("key_field"))
+            }
+            _ => {}
+        }
+        let (option, pointers) = match self.fingerprint {
+            Coverage::Whole => return Ok(()),
+            Coverage::Exclude(pointers) => ("fingerprint_exclude", pointers),
+            Coverage::Only(pointers) => ("fingerprint_only", pointers),
+        };
+        let mut i = 0;
+        while i < pointers.len() {
+            if check_pointer(pointers[i]).is_err() {
+                return Err(PolicyError::InvalidPointer(option));
+            }
+            if let (Coverage::Only(_), KeySource::BodyField(key)) =
+                (self.fingerprint, self.key_source)
+            {
+                if same(key, pointers[i]) {
+                    return Err(PolicyError::KeyFieldInFingerprint);
+                }
+            }
+            i += 1;
+        }
         Ok(())
     }
 
@@ -325,6 +443,22 @@ impl Policy {
     }
 }
 
+/// `a == b`, in a `const fn`.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self::new()
@@ -363,6 +497,39 @@ mod tests {
                 .ttl(Duration::from_secs(400 * 24 * 3600))
                 .validate(),
             Err(PolicyError::TooLong("ttl"))
+        );
+    }
+
+    #[test]
+    fn key_sources_and_pointers_are_checked() {
+        assert_eq!(Policy::new().key_header("webhook-id").validate(), Ok(()));
+        assert_eq!(
+            Policy::new().key_header("Webhook Id").validate(),
+            Err(PolicyError::InvalidKeyHeader)
+        );
+        assert_eq!(
+            Policy::new().key_field("id").validate(),
+            Err(PolicyError::InvalidPointer("key_field"))
+        );
+        assert_eq!(
+            Policy::new()
+                .fingerprint_exclude(&["/a", "/b~2"])
+                .validate(),
+            Err(PolicyError::InvalidPointer("fingerprint_exclude"))
+        );
+        assert_eq!(
+            Policy::new()
+                .key_field("/id")
+                .fingerprint_only(&["/amount", "/id"])
+                .validate(),
+            Err(PolicyError::KeyFieldInFingerprint)
+        );
+        assert_eq!(
+            Policy::new()
+                .key_field("/id")
+                .fingerprint_exclude(&["/id"])
+                .validate(),
+            Ok(())
         );
     }
 

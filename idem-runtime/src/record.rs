@@ -60,6 +60,29 @@ impl RecordKey {
         }
     }
 
+    /// A key read from `source`: for the `Idempotency-Key` header, [`new`](Self::new); for any
+    /// other source, in that source's namespace (`§header webhook-id …`, `§body /id …`), which no
+    /// other source, no derived key and no `Idempotency-Key` header can name.
+    ///
+    /// ```
+    /// use idem_runtime::{source::KeySource, RecordKey};
+    /// let header = RecordKey::sourced("global", &KeySource::Header("webhook-id"), "msg_1");
+    /// let body = RecordKey::sourced("global", &KeySource::BodyField("/id"), "msg_1");
+    /// let client = RecordKey::sourced("global", &KeySource::IdempotencyKey, "msg_1");
+    /// assert_ne!(header, body);
+    /// assert_ne!(header, client);
+    /// assert_eq!(client, RecordKey::new("global", "msg_1"));
+    /// ```
+    pub fn sourced(scope: impl Into<String>, source: &crate::source::KeySource, key: &str) -> Self {
+        match source.namespace() {
+            None => Self::new(scope, key),
+            Some(namespace) => Self {
+                scope: bounded(scope.into()),
+                key: bounded(format!("{NAMESPACE}{namespace} {key}")),
+            },
+        }
+    }
+
     /// A key read back from a store, already bounded (bounding it again would hash a hashed part).
     #[cfg(any(feature = "postgres", feature = "redis", feature = "sqlite"))]
     pub(crate) fn stored(scope: String, key: String) -> Self {

@@ -226,6 +226,10 @@ async fn soak<S: Store + Purge>(
         engine,
         ledger: ledger.clone(),
         card,
+        webhook_secret: payments::webhooks::WebhookSecret::new(
+            payments::webhooks::DEFAULT_WEBHOOK_SECRET,
+        )
+        .expect("the default secret"),
         // The soak runs its own sweeper, on the clock it moves.
         background: payments::Background::default(),
         // The records are in the store under test, not in the ledger's database: the ordinary path.

@@ -395,7 +395,7 @@ fn created(payment: Payment) -> Response {
     (StatusCode::CREATED, [(LOCATION, location)], Json(payment)).into_response()
 }
 
-fn api_error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn api_error(status: StatusCode, message: &str) -> Response {
     let error = message.to_owned();
     (status, Json(ApiError { error })).into_response()
 }
@@ -413,7 +413,7 @@ fn not_found() -> Response {
 /// Both release the idempotency key, so the client's retry runs again: safe here because the charge
 /// is deduplicated by the network and the payment by its charge. `db` tells a busy pool (every
 /// connection open and in use) from an unreachable database (a pool that could not open one).
-fn database_error(error: &sqlx::Error, db: &Database) -> Response {
+pub(crate) fn database_error(error: &sqlx::Error, db: &Database) -> Response {
     let transient = match error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

@@ -25,6 +25,12 @@
 //!   (through `IdempotencyLayer` rather than the attribute: the two behave alike).
 //! - `POST /legacy/payments`: as `POST /payments`, for old app versions that send no key: without a
 //!   key, identical requests within 10 s count as one (`missing_key = "derive"`).
+//! - `POST /webhooks/card-network`: the card network's webhooks, Standard Webhooks deliveries
+//!   signed with `WEBHOOK_SECRET` (default `whsec_cGF5bWVudHMtZXhhbXBsZS1zZWNyZXQ=`); no
+//!   `Authorization`. `{"type": "charge.disputed", "data": {"payment_id": "<id>"}}` counts a
+//!   dispute on the payment (`disputes` in `GET /payments/{id}`), once per `webhook-id`;
+//!   redeliveries replay the stored 200. A bad or missing signature, or a timestamp more than 5
+//!   minutes off: 401, no key claimed. An unknown payment: 404, stored. See [`webhooks`].
 //! - `GET /charges`: what the (simulated) card network did for the caller, one element per charge:
 //!   `{"id", "amount", "currency", "attempts", "refunded"}` (see [`card`]).
 //! - `GET /metrics`: the metrics in Prometheus's text format, idem's `idem_requests_total`,
@@ -52,6 +58,7 @@ pub mod metrics;
 mod problem;
 pub mod serve;
 pub mod store;
+pub mod webhooks;
 
 use axum::body::Bytes;
 use axum::extract::FromRef;
@@ -88,6 +95,8 @@ pub struct Config {
     pub payment_latency: Duration,
     /// `HEADER_TIMEOUT_MS`, `MAX_CONNECTIONS`, `SHUTDOWN_GRACE_MS`: the server's bounds.
     pub limits: serve::Limits,
+    /// `WEBHOOK_SECRET`: the card network's Standard Webhooks secret (`whsec_` and base64).
+    pub webhook_secret: String,
 }
 
 impl Default for Config {
@@ -98,6 +107,7 @@ impl Default for Config {
             idem_store_url: None,
             payment_latency: Duration::ZERO,
             limits: serve::Limits::default(),
+            webhook_secret: webhooks::DEFAULT_WEBHOOK_SECRET.to_owned(),
         }
     }
 }
@@ -142,6 +152,7 @@ impl Config {
                 },
                 shutdown_grace: millis("SHUTDOWN_GRACE_MS", defaults.limits.shutdown_grace)?,
             },
+            webhook_secret: var("WEBHOOK_SECRET").unwrap_or(defaults.webhook_secret),
         })
     }
 }
@@ -177,6 +188,8 @@ pub struct AppState {
     pub ledger: Ledger,
     /// The (simulated) card network.
     pub card: card::CardNetwork,
+    /// The card network's webhook secret.
+    pub webhook_secret: webhooks::WebhookSecret,
     /// The background tasks (the sweeper); they stop when the last clone of the state is dropped.
     #[from_ref(skip)]
     pub background: Background,
@@ -286,10 +299,12 @@ pub async fn state(config: &Config) -> Result<AppState, StartError> {
         None => (Engine::from_arc(records.store), None),
     };
     let card = card::CardNetwork::new(ledger.database().clone(), config.payment_latency);
+    let webhook_secret = webhooks::WebhookSecret::new(&config.webhook_secret)?;
     Ok(AppState {
         engine,
         ledger,
         card,
+        webhook_secret,
         background,
         transactional,
     })
@@ -322,6 +337,13 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/legacy/payments", post(api::create_legacy_payment))
         .route("/charges", get(api::list_charges))
+        .route(
+            "/webhooks/card-network",
+            post(webhooks::card_network_webhook).route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                webhooks::verify,
+            )),
+        )
         .route("/metrics", get(metrics::render))
         .route("/openapi.json", openapi_json())
         .with_state(state)
@@ -342,6 +364,7 @@ pub fn router(state: AppState) -> Router {
         api::refund_payment,
         api::create_legacy_payment,
         api::list_charges,
+        webhooks::card_network_webhook,
     ),
     security(("bearer" = [])),
     modifiers(&Idempotency, &BearerAuth),

@@ -16,3 +16,4 @@ mod sigterm;
 mod slower_than_the_lease;
 mod store_lost;
 mod store_outage;
+mod webhooks;

@@ -18,6 +18,9 @@ use support::{AuthUser, NewPayment};
     derive_window = "30s",
     replay = "minimal",
     server_errors = "store",
+    client_errors = "release",
+    key_header = "X-Request-Id",
+    fingerprint_exclude = ["/sent_at", "/meta/trace_id", "/a~1b~0c"],
     max_body = "256KiB",
 )]
 async fn create(user: AuthUser, Json(req): Json<NewPayment>) -> Json<NewPayment> {
@@ -36,8 +39,16 @@ async fn migrate(user: AuthUser, body: axum::body::Bytes) -> String {
     format!("{} {}", user.id, body.len())
 }
 
+// The key in the body, and only some members fingerprinted.
+#[idempotent(scope = "user", key_field = "/data/request_id", fingerprint_only = ["/amount", "/currency"])]
+async fn from_the_body(user: AuthUser, Json(req): Json<NewPayment>) -> Json<NewPayment> {
+    let _ = user.id;
+    Json(req)
+}
+
 #[test]
 fn routes() {
     let _ = support::route(create);
     let _ = support::route(migrate);
+    let _ = support::route(from_the_body);
 }

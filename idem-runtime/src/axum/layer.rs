@@ -40,7 +40,7 @@
 
 use super::request::{context, read_body, rebuilt, Deferred};
 use super::run::{run, KeyPolicy};
-use super::{Attempt, Scope};
+use super::{Attempt, RequestOutcome, Scope};
 use crate::engine::Engine;
 use crate::policy::{Policy, PolicyError};
 use ::axum::extract::{FromRequestParts, Request};
@@ -276,7 +276,7 @@ where
             // Safe methods have no effect to protect: the handler reads the current state.
             if request.method().is_safe() {
                 let Ok(response) = inner.call(request).await;
-                return Ok(response.into_response());
+                return Ok(RequestOutcome::Unprotected.mark(response.into_response()));
             }
             let (mut parts, body) = request.into_parts();
             let scope = match scope.scope(&mut parts).await {

@@ -67,19 +67,27 @@
 //!    route too.
 //! 2. **The key.** One `Idempotency-Key` header of 1–255 visible ASCII characters, bare or as a
 //!    structured-field string (`"abc"` is the key `abc`). Two headers or a malformed value: 400.
+//!    A policy may read it from another header instead (`key_header`, a webhook's `webhook-id`) or
+//!    from a JSON body field (`key_field`, by JSON Pointer); each source's keys are kept apart
+//!    from every other source's (see [`source`](crate::source)).
 //!    Without a key, the policy decides: `reject` (400), `pass` (run unprotected and count
 //!    [`Outcome::MissingKeyPassed`](crate::metrics::Outcome::MissingKeyPassed); from `reject_after`
 //!    on, 400), or `derive` (a key from the request's fingerprint, remembered for `derive_window`:
 //!    double taps of the same request within the window run once).
 //! 3. **The decision.** The key is scoped to the caller and bound to the request's fingerprint
-//!    (method, path with query, canonical body). The [`Engine`](crate::Engine) answers execute,
+//!    (method, path with query, canonical body; a policy may leave JSON members out of it or
+//!    name the only ones that count, see [`Coverage`](crate::fingerprint::Coverage)). The [`Engine`](crate::Engine) answers execute,
 //!    replay, or one of the problems below. A duplicate of a request still running waits for it (up
 //!    to the policy's `wait`) and then replays its response.
 //! 4. **Execute.** The handler runs in a task of its own, its claim renewed, so a client that hangs
 //!    up cancels nothing. A 5xx response releases the key (unless the policy's `server_errors` stores
-//!    it) and a panic releases it too: a retry runs the handler again. Any other status of the
-//!    handler's (2xx, 3xx and 4xx alike) is stored, retried until the store takes it, and replayed
-//!    to every retry; a rejection by the body's extractor (step 1) releases the key.
+//!    it) and a panic releases it too: a retry runs the handler again. A 4xx is stored unless the
+//!    policy's `client_errors` releases it (then the corrected retry with the same key runs). Any
+//!    other status of the handler's (2xx and 3xx always) is stored, retried until the store takes
+//!    it, and replayed to every retry; a rejection by the body's extractor (step 1) releases the key.
+//!
+//! Every response carries what idem did with its request, a [`RequestOutcome`], in its
+//! extensions: the application's own middleware can count, log or alter replays with it.
 //!
 //! # Transactional mode
 //!
@@ -130,6 +138,7 @@
 
 mod attempt;
 pub mod layer;
+mod outcome;
 #[doc(hidden)]
 pub mod private;
 pub mod problem;
@@ -142,6 +151,7 @@ mod transactional;
 
 pub use attempt::Attempt;
 pub use layer::IdempotencyLayer;
+pub use outcome::RequestOutcome;
 pub use problem::ProblemType;
 pub use scope::Scope;
 

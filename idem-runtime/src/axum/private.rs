@@ -35,7 +35,7 @@
 
 pub use super::request::{Deferred, KeyHeader, RequestContext};
 pub use crate::engine::Engine;
-pub use crate::policy::{MissingKey, Policy, PolicyError, ReplayMode, ServerErrors};
+pub use crate::policy::{ClientErrors, MissingKey, Policy, PolicyError, ReplayMode, ServerErrors};
 pub use ::axum::response::Response;
 pub use core::time::Duration;
 

@@ -181,6 +181,9 @@ impl IntoResponse for Problem {
             body,
         )
             .into_response();
+        response
+            .extensions_mut()
+            .insert(super::RequestOutcome::Rejected(self.kind));
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(after) = self.retry_after {

@@ -7,8 +7,9 @@
 //! ([`Deferred`]): a replay answers without it, and its rejection releases the key.
 
 use super::problem::{Problem, ProblemType};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{parse_json, Fingerprint};
 use crate::key::{IdempotencyKey, KeyError};
+use crate::source::KeySource;
 use ::axum::body::Body;
 use ::axum::extract::{OriginalUri, Request};
 use ::axum::http::header::CONTENT_TYPE;
@@ -20,25 +21,54 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::future::Future;
 use std::pin::Pin;
 
-/// What the engine needs from the request, taken while extracting the last parameter: the
-/// request's fingerprint and its `Idempotency-Key` header. Small on purpose: it is moved through
-/// every layer of the request's future.
+/// What the engine needs from the request, taken while extracting the last parameter: what the
+/// fingerprint and the key are made of. The fingerprint and the key are worked out from it once
+/// the handler's policy is known ([`resolve`](Self::resolve)), as the policy says where the key
+/// is and what the fingerprint covers. Small on purpose: it is moved through every layer of the
+/// request's future.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
-    /// Method, path and query as the client sent them, content type and body.
-    pub fingerprint: crate::Fingerprint,
-    /// The `Idempotency-Key` header.
-    pub key: KeyHeader,
+    head: Box<Head>,
+    /// The body, as read (shared with the handler's extractor, not copied).
+    body: Bytes,
     /// GET, HEAD, OPTIONS or TRACE: safe by definition, passed through untouched.
     pub safe_method: bool,
     /// The handler's [`Attempt`](super::Attempt) extractor, if it has one, to fill in on claiming.
     pub attempt: Option<super::Attempt>,
 }
 
-/// The request's `Idempotency-Key` header, read while extracting.
-///
-/// The key is parsed there, into the owned copy the record key needs anyway, so that nothing refers
-/// to the request head (whose header values share the connection's read buffer) after extraction.
+/// The request head, as the fingerprint and the key take it.
+#[derive(Debug, Clone)]
+struct Head {
+    method: String,
+    path: String,
+    content_type: Option<String>,
+    headers: HeaderMap,
+}
+
+impl RequestContext {
+    /// The request's fingerprint and its key, as `policy` takes them.
+    pub(crate) fn resolve(&self, policy: &crate::Policy) -> (Fingerprint, KeyHeader) {
+        let head = &self.head;
+        let json = parse_json(head.content_type.as_deref(), &self.body);
+        let key = match policy.key_source {
+            KeySource::Header(name) => header_key(&head.headers, name),
+            KeySource::BodyField(pointer) => body_key(json.as_ref(), pointer),
+            _ => header_key(&head.headers, &IDEMPOTENCY_KEY),
+        };
+        let fingerprint = Fingerprint::of_covered(
+            &head.method,
+            &head.path,
+            json,
+            &self.body,
+            &policy.fingerprint,
+            &policy.key_source,
+        );
+        (fingerprint, key)
+    }
+}
+
+/// The request's key, as read from the policy's [`KeySource`].
 #[derive(Debug, Clone)]
 pub enum KeyHeader {
     /// None.
@@ -160,12 +190,17 @@ async fn collect(
 /// every request.
 static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(super::KEY_HEADER);
 
-/// What the engine needs from the request: its fingerprint and its key header.
-pub(crate) fn context(parts: &Parts, body: &[u8]) -> RequestContext {
+/// What the engine needs from the request: what its fingerprint and its key are made of.
+pub(crate) fn context(parts: &Parts, body: &Bytes) -> RequestContext {
     let (method, path, content_type) = head(parts);
     RequestContext {
-        fingerprint: Fingerprint::of_request(method, path, content_type, body),
-        key: key_header(parts),
+        head: Box::new(Head {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            content_type: content_type.map(str::to_owned),
+            headers: parts.headers.clone(),
+        }),
+        body: body.clone(),
         safe_method: parts.method.is_safe(),
         attempt: parts.extensions.get::<super::Attempt>().cloned(),
     }
@@ -211,8 +246,9 @@ fn head(parts: &Parts) -> (&str, &str, Option<&str>) {
     )
 }
 
-fn key_header(parts: &Parts) -> KeyHeader {
-    let mut keys = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
+/// The key in the header `name`: sent once, and well-formed.
+fn header_key<K: ::axum::http::header::AsHeaderName>(headers: &HeaderMap, name: K) -> KeyHeader {
+    let mut keys = headers.get_all(name).iter();
     match (keys.next(), keys.next()) {
         (None, _) => KeyHeader::Missing,
         (Some(one), None) => match IdempotencyKey::parse(one.as_bytes()) {
@@ -220,6 +256,22 @@ fn key_header(parts: &Parts) -> KeyHeader {
             Err(error) => KeyHeader::Invalid(error),
         },
         (Some(_), Some(_)) => KeyHeader::Invalid(KeyError::Repeated),
+    }
+}
+
+/// The key in the JSON body's member at `pointer`: a string of visible ASCII, or an integer. No
+/// JSON body, no such member, or `null`: no key.
+fn body_key(json: Option<&serde_json::Value>, pointer: &str) -> KeyHeader {
+    use serde_json::Value;
+    let text = match json.and_then(|v| v.pointer(pointer)) {
+        None | Some(Value::Null) => return KeyHeader::Missing,
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+        Some(_) => return KeyHeader::Invalid(KeyError::NotText),
+    };
+    match IdempotencyKey::from_text(&text) {
+        Ok(key) => KeyHeader::Valid(key),
+        Err(error) => KeyHeader::Invalid(error),
     }
 }
 

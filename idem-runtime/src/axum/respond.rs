@@ -245,6 +245,9 @@ pub(crate) fn replay(stored: StoredResponse, expires_at: Timestamp) -> Response 
     headers.insert(REPLAYED.clone(), HeaderValue::from_static("true"));
     set_expires(headers, expires_at);
     response
+        .extensions_mut()
+        .insert(super::RequestOutcome::Replayed);
+    response
 }
 
 #[cfg(test)]

@@ -25,13 +25,15 @@ use super::problem::{Problem, ProblemType};
 use super::request::{Deferred, KeyHeader, RequestContext};
 use super::respond;
 use super::Attempt;
+use super::RequestOutcome;
 use crate::clock::Timestamp;
 use crate::engine::{Begin, ClaimGuard, Engine, Rejection};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
 use crate::metrics::Outcome;
-use crate::policy::{MissingKey, Policy, ServerErrors};
+use crate::policy::{ClientErrors, MissingKey, Policy, ServerErrors};
 use crate::record::{RecordKey, StoredResponse};
+use crate::source::KeySource;
 use crate::store::StoreErrorKind;
 use ::axum::http::StatusCode;
 use ::axum::response::{IntoResponse, Response};
@@ -86,10 +88,10 @@ fn keyed(engine: &Engine, policy: KeyPolicy, scope: String, request: &RequestCon
     if request.safe_method {
         return Keyed::Pass;
     }
-    let fingerprint = request.fingerprint;
-    match decide_key(engine, &policy, &scope, &request.key, fingerprint) {
+    let (fingerprint, header) = request.resolve(&policy);
+    match decide_key(engine, &policy, &scope, &header, fingerprint) {
         Ok(KeyDecision::Given(key)) => Keyed::Key(
-            RecordKey::new(scope, key.into_string()),
+            RecordKey::sourced(scope, &policy.key_source, key.as_str()),
             fingerprint,
             policy,
         ),
@@ -160,7 +162,10 @@ where
 {
     let (key, fingerprint, policy) = match keyed(&engine, policy, scope, &request) {
         Keyed::Key(key, fingerprint, policy) => (key, fingerprint, policy),
-        Keyed::Pass => return unprotected(last, handler, finish).await,
+        Keyed::Pass => {
+            let response = unprotected(last, handler, finish).await;
+            return RequestOutcome::Unprotected.mark(response);
+        }
         Keyed::Answered(response) => return response,
     };
     let guard = match claim(&engine, key, fingerprint, &policy, request.attempt).await {
@@ -188,7 +193,12 @@ where
         if !finish.take_back() {
             return Settled::Now(panicked(guard, &policy).await);
         }
-        if response.status().is_server_error() {
+        let status = response.status();
+        if status.is_client_error() && policy.client_errors == ClientErrors::Release {
+            finish.discard();
+            return Settled::Now(released(guard, &policy, response).await);
+        }
+        if status.is_server_error() {
             finish.discard();
             if policy.server_errors == ServerErrors::Release {
                 return Settled::Now(released(guard, &policy, response).await);
@@ -238,10 +248,13 @@ where
     // Boxed: the task then holds a pointer, not the handler's whole state, which spawning would
     // copy several times over.
     engine.spawn(Box::pin(async move {
-        let (guard, stored, mut response) = match work.await {
-            Settled::Now(response) => return drop(reply.send(response)),
+        let (guard, stored, response) = match work.await {
+            Settled::Now(response) => {
+                return drop(reply.send(RequestOutcome::Executed.mark(response)))
+            }
             Settled::Later(later) => *later,
         };
+        let mut response = RequestOutcome::Executed.mark(response);
         match guard.try_complete(&stored).await {
             Ok(()) => {
                 respond::set_expires(response.headers_mut(), guard.expires_at());
@@ -297,7 +310,7 @@ async fn panicked(guard: ClaimGuard, policy: &Policy) -> Response {
         tracing::warn!(target: "idem", handler = policy.handler, scope = %key.scope(),
             key = %key.key(), %error, "could not release the key after a panic; a retry can run once its lease runs out");
     }
-    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    RequestOutcome::Released.mark(StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 fn decide_key(
@@ -321,10 +334,20 @@ fn malformed(engine: &Engine, policy: &Policy, scope: &str, error: &KeyError) ->
     // The value itself is not logged: it is client-controlled and, being malformed, possibly huge.
     tracing::info!(target: "idem", outcome = Outcome::MalformedKey.as_str(),
         handler = policy.handler, %scope, %error, "idempotency decision");
-    Problem::new(
-        ProblemType::MalformedKey,
-        format!("{error}. A key is 1 to 255 visible ASCII characters, sent in one Idempotency-Key header, bare or as a quoted string."),
-    )
+    let detail = match policy.key_source {
+        KeySource::IdempotencyKey => format!("{error}. A key is 1 to 255 visible ASCII characters, sent in one Idempotency-Key header, bare or as a quoted string."),
+        KeySource::BodyField(_) => {
+            let source = policy.key_source.describe();
+            let error = error.to_string().replacen("the Idempotency-Key", &format!("the key in {source}"), 1);
+            format!("{error}. This endpoint reads its key from {source}: a string of 1 to 255 visible ASCII characters, or an integer.")
+        }
+        _ => {
+            let source = policy.key_source.describe();
+            let error = error.to_string().replacen("the Idempotency-Key", &format!("the key in {source}"), 1);
+            format!("{error}. This endpoint reads its key from {source}: 1 to 255 visible ASCII characters, sent once, bare or as a quoted string.")
+        }
+    };
+    Problem::new(ProblemType::MalformedKey, detail)
 }
 
 fn missing_key(
@@ -360,6 +383,13 @@ fn missing_key(
                 ),
             ))
         }
+        (MissingKey::Reject, _) if policy.key_source != KeySource::IdempotencyKey => {
+            note(Outcome::MissingKeyRejected);
+            Err(Problem::new(
+                ProblemType::MissingKey,
+                format!("This endpoint reads its idempotency key from {}, which this request lacks: send it, and keep it the same when retrying the same request.", policy.key_source.describe()),
+            ))
+        }
         (MissingKey::Reject, _) => {
             note(Outcome::MissingKeyRejected);
             Err(Problem::new(
@@ -386,7 +416,7 @@ async fn released(claim: ClaimGuard, policy: &Policy, response: Response) -> Res
                 key = %key.key(), %error, status = response.status().as_u16(), "could not release the key; a retry can run once its lease runs out");
         }
     }
-    response
+    RequestOutcome::Released.mark(response)
 }
 
 fn problem_for(rejection: Rejection) -> Problem {

@@ -11,3 +11,4 @@ mod keys;
 mod layer_checks;
 mod metrics;
 mod replay;
+mod sources;

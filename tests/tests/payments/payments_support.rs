@@ -118,6 +118,10 @@ pub async fn start_on_clock(dir: &Path, clock: idem_runtime::clock::ManualClock)
         engine: idem_runtime::Engine::new(store),
         ledger,
         card,
+        webhook_secret: payments::webhooks::WebhookSecret::new(
+            payments::webhooks::DEFAULT_WEBHOOK_SECRET,
+        )
+        .unwrap(),
         background: payments::Background::default(),
         transactional: None,
     })

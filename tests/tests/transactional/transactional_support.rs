@@ -255,6 +255,9 @@ pub async fn entry<T: Ledger>(
             return (StatusCode::INTERNAL_SERVER_ERROR, "failed after writing").into_response()
         }
         Some("panic") => panic!("the handler panics after its write"),
+        Some("422") => {
+            return (StatusCode::UNPROCESSABLE_ENTITY, "refused after writing").into_response()
+        }
         _ => {}
     }
     let body = json!({
@@ -325,9 +328,23 @@ macro_rules! transactional_app {
             $crate::transactional_support::entry(controls, attempt, user, tx, req).await
         }
 
+        #[idem_runtime::idempotent(scope = "user", transaction = "tx", client_errors = "release")]
+        async fn corrected(
+            axum::extract::State(controls): axum::extract::State<
+                $crate::transactional_support::Controls,
+            >,
+            attempt: idem_runtime::axum::Attempt,
+            user: $crate::transactional_support::User,
+            tx: idem_runtime::Tx<$db>,
+            axum::Json(req): axum::Json<$crate::transactional_support::Entry>,
+        ) -> axum::response::Response {
+            $crate::transactional_support::entry(controls, attempt, user, tx, req).await
+        }
+
         pub fn router(app: App) -> axum::Router {
             axum::Router::new()
                 .route("/entries", axum::routing::post(create))
+                .route("/corrected", axum::routing::post(corrected))
                 .route("/quick", axum::routing::post(quick))
                 .route("/optional", axum::routing::post(optional))
                 .with_state(app)
@@ -664,6 +681,51 @@ pub async fn a_server_error_leaves_neither_row_nor_record(b: &impl Backend) {
     assert!(again.replayed(), "{again:?}");
     assert_eq!(b.ledger_rows().await, 1);
     assert_eq!(b.controls().runs(), 2, "the failed run and the retry");
+}
+
+/// Under `client_errors = "release"`, a 4xx after the business write rolls it back and releases
+/// the key, as a 5xx does; the corrected retry with the same key runs, and is kept.
+pub async fn a_released_4xx_leaves_neither_row_nor_record(b: &impl Backend) {
+    let router = b.router();
+    let refused = send(
+        &router,
+        post(
+            "/corrected",
+            "alice",
+            "k4",
+            json!({"amount": 5, "fail": "422"}),
+        ),
+    )
+    .await;
+    assert_eq!(refused.status, 422, "{refused:?}");
+    assert_eq!(
+        b.ledger_rows().await,
+        0,
+        "the business write was rolled back"
+    );
+    assert!(b.record("alice", "k4").await.is_none(), "no claim left");
+    let corrected = send(
+        &router,
+        post("/corrected", "alice", "k4", json!({"amount": 5})),
+    )
+    .await;
+    assert_eq!(
+        (corrected.status, corrected.replayed()),
+        (201, false),
+        "{corrected:?}"
+    );
+    let again = send(
+        &router,
+        post("/corrected", "alice", "k4", json!({"amount": 5})),
+    )
+    .await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(b.ledger_rows().await, 1);
+    assert_eq!(
+        b.controls().runs(),
+        2,
+        "the refused run and the corrected one"
+    );
 }
 
 /// A panic after the business write answers 500, rolls the write back and releases the key; the
@@ -1160,6 +1222,7 @@ macro_rules! transactional_cases {
         $crate::transactional_cases!(@each [$(#[$attr])*] $setup =>
             write_and_record_commit_together,
             a_server_error_leaves_neither_row_nor_record,
+            a_released_4xx_leaves_neither_row_nor_record,
             a_panic_leaves_neither_row_nor_record,
             a_body_the_extractor_refuses_releases_the_key,
             a_handler_that_never_writes_has_its_response_stored,

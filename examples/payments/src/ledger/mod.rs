@@ -26,6 +26,8 @@ pub struct Payment {
     pub currency: String,
     /// `captured` or `refunded`.
     pub status: String,
+    /// How many disputes the card network reported for it (`POST /webhooks/card-network`).
+    pub disputes: i64,
 }
 
 impl Payment {
@@ -36,6 +38,7 @@ impl Payment {
             amount,
             currency: currency.to_owned(),
             status: "captured".to_owned(),
+            disputes: 0,
         }
     }
 }
@@ -174,6 +177,26 @@ impl Ledger {
         }
     }
 
+    /// Counts a dispute the card network reported for the payment `id`, whoever owns it; `None`
+    /// for an unknown payment. Runs once per webhook delivery: idem replays redeliveries.
+    pub async fn dispute(&self, id: &str) -> Result<Option<Payment>, sqlx::Error> {
+        const SQLITE: &str = "UPDATE payments SET disputes = disputes + 1 WHERE id = ?
+             RETURNING id, amount, currency, status, disputes";
+        const POSTGRES: &str = "UPDATE payments SET disputes = disputes + 1 WHERE id = $1
+             RETURNING id, amount, currency, status, disputes";
+        let row = match &self.db {
+            Database::Sqlite(pool) => {
+                let row = sqlx::query(SQLITE).bind(id).fetch_optional(pool).await?;
+                row.as_ref().map(payment).transpose()
+            }
+            Database::Postgres(pool) => {
+                let row = sqlx::query(POSTGRES).bind(id).fetch_optional(pool).await?;
+                row.as_ref().map(payment).transpose()
+            }
+        };
+        row
+    }
+
     /// Marks one of `owner`'s payments refunded (a refunded payment stays refunded); `None` if it is
     /// not theirs.
     pub async fn refund(&self, owner: &str, id: &str) -> Result<Option<Payment>, sqlx::Error> {
@@ -184,7 +207,7 @@ impl Ledger {
     }
 }
 
-/// Reads a payment from a row of `SELECT id, amount, currency, status`.
+/// Reads a payment from a row of `SELECT id, amount, currency, status, disputes`.
 fn payment<R: sqlx::Row>(row: &R) -> Result<Payment, sqlx::Error>
 where
     for<'r> &'r str: sqlx::ColumnIndex<R>,
@@ -196,6 +219,7 @@ where
         amount: row.try_get("amount")?,
         currency: row.try_get("currency")?,
         status: row.try_get("status")?,
+        disputes: row.try_get("disputes")?,
     })
 }
 

@@ -33,10 +33,12 @@ pub async fn insert(
     .bind(charge_id)
     .execute(&mut *db)
     .await?;
-    let row = sqlx::query("SELECT id, amount, currency, status FROM payments WHERE charge_id = $1")
-        .bind(charge_id)
-        .fetch_one(db)
-        .await?;
+    let row = sqlx::query(
+        "SELECT id, amount, currency, status, disputes FROM payments WHERE charge_id = $1",
+    )
+    .bind(charge_id)
+    .fetch_one(db)
+    .await?;
     super::payment(&row)
 }
 
@@ -59,7 +61,7 @@ pub async fn list<'e>(
     owner: &str,
 ) -> Result<Vec<Payment>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT id, amount, currency, status FROM payments WHERE owner = $1 ORDER BY seq",
+        "SELECT id, amount, currency, status, disputes FROM payments WHERE owner = $1 ORDER BY seq",
     )
     .bind(owner)
     .fetch_all(db)
@@ -74,7 +76,7 @@ pub async fn get<'e>(
     id: &str,
 ) -> Result<Option<Payment>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT id, amount, currency, status FROM payments WHERE owner = $1 AND id = $2",
+        "SELECT id, amount, currency, status, disputes FROM payments WHERE owner = $1 AND id = $2",
     )
     .bind(owner)
     .bind(id)
@@ -91,7 +93,7 @@ pub async fn refund<'e>(
 ) -> Result<Option<Payment>, sqlx::Error> {
     let row = sqlx::query(
         "UPDATE payments SET status = 'refunded' WHERE owner = $1 AND id = $2
-         RETURNING id, amount, currency, status",
+         RETURNING id, amount, currency, status, disputes",
     )
     .bind(owner)
     .bind(id)

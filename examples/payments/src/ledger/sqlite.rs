@@ -35,10 +35,12 @@ pub async fn insert(
     .bind(charge_id)
     .execute(&mut *db)
     .await?;
-    let row = sqlx::query("SELECT id, amount, currency, status FROM payments WHERE charge_id = ?")
-        .bind(charge_id)
-        .fetch_one(db)
-        .await?;
+    let row = sqlx::query(
+        "SELECT id, amount, currency, status, disputes FROM payments WHERE charge_id = ?",
+    )
+    .bind(charge_id)
+    .fetch_one(db)
+    .await?;
     super::payment(&row)
 }
 
@@ -61,7 +63,7 @@ pub async fn list<'e>(
     owner: &str,
 ) -> Result<Vec<Payment>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT id, amount, currency, status FROM payments WHERE owner = ? ORDER BY seq",
+        "SELECT id, amount, currency, status, disputes FROM payments WHERE owner = ? ORDER BY seq",
     )
     .bind(owner)
     .fetch_all(db)
@@ -75,12 +77,13 @@ pub async fn get<'e>(
     owner: &str,
     id: &str,
 ) -> Result<Option<Payment>, sqlx::Error> {
-    let row =
-        sqlx::query("SELECT id, amount, currency, status FROM payments WHERE owner = ? AND id = ?")
-            .bind(owner)
-            .bind(id)
-            .fetch_optional(db)
-            .await?;
+    let row = sqlx::query(
+        "SELECT id, amount, currency, status, disputes FROM payments WHERE owner = ? AND id = ?",
+    )
+    .bind(owner)
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
     row.as_ref().map(payment).transpose()
 }
 
@@ -92,7 +95,7 @@ pub async fn refund<'e>(
 ) -> Result<Option<Payment>, sqlx::Error> {
     let row = sqlx::query(
         "UPDATE payments SET status = 'refunded' WHERE owner = ? AND id = ?
-         RETURNING id, amount, currency, status",
+         RETURNING id, amount, currency, status, disputes",
     )
     .bind(owner)
     .bind(id)
