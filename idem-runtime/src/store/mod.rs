@@ -553,7 +553,7 @@ impl<P: Purge + ?Sized> Purge for std::sync::Arc<P> {
 
 /// A claim with its instants computed at `now` (transitional: the backends that still judge time in
 /// the process use it until they read their own clock).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stamped<'a> {
     pub(crate) key: &'a RecordKey,
@@ -565,7 +565,7 @@ pub(crate) struct Stamped<'a> {
     pub(crate) retain_until: Timestamp,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl<'a> Claim<'a> {
     pub(crate) fn stamped(&self, now: Timestamp) -> Stamped<'a> {
         let fresh = self.record(now);
@@ -581,9 +581,9 @@ impl<'a> Claim<'a> {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl Stamped<'_> {
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[allow(dead_code)]
     pub(crate) fn record(&self) -> Record {
         Record {
             fingerprint: self.fingerprint,

@@ -318,8 +318,8 @@ mod redis_only {
         }
     }
 
-    /// A replay, a mismatch and a fresh claim are each one plain `SET … NX GET`; a new request adds
-    /// one script, the completion.
+    /// A replay, a mismatch and a fresh claim are each one script (`claim.lua`, which reads the
+    /// server's time and decides in the same step); a new request adds one script, the completion.
     #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_replay_is_one_plain_command() {
@@ -349,7 +349,7 @@ mod redis_only {
             Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
             other => panic!("expected Replay, got {other:?}"),
         }
-        assert_eq!(sent_since(before), ["SET"], "a replay is one SET NX GET");
+        assert_eq!(sent_since(before), ["EVALSHA"], "a replay is one script");
 
         let before = proxy.commands().len();
         let mismatch = h.engine.begin(key, fp("b"), &policy()).await;
@@ -361,7 +361,7 @@ mod redis_only {
         let Ok(Begin::Execute(guard)) = fresh else {
             panic!("expected Execute, got {fresh:?}");
         };
-        assert_eq!(sent_since(before), ["SET", "SET"]);
+        assert_eq!(sent_since(before), ["EVALSHA", "EVALSHA"]);
         let before = proxy.commands().len();
         guard.complete(&response("b")).await.expect("complete");
         assert_eq!(sent_since(before), ["EVALSHA"], "the completion script");

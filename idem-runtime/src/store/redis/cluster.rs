@@ -2,11 +2,12 @@
 //! scripts (`Records`), sent through the redis crate's cluster client.
 
 use super::{
-    channel_name, redis_error, runtime_present, subscribe, warn_if_evicting, Claim, ClaimOutcome,
-    Found, Purge, Records, RedisStoreBuilder, Store, StoreError, Subscriber, Subscription,
-    SCAN_STEPS_PER_CALL,
+    add, channel_name, no_server, redis_error, runtime_present, subscribe, warn_if_evicting, Claim,
+    ClaimOutcome, Found, Listed, Purge, Records, RedisStoreBuilder, StateKind, Stats, Store,
+    StoreError, Subscriber, Subscription, SCAN_STEPS_PER_CALL,
 };
-use crate::record::{FencingToken, RecordKey, StoredResponse};
+use crate::clock::Timestamp;
+use crate::record::{FencingToken, RecordKey, RecordState, StoredResponse};
 use ::redis::aio::ConnectionLike;
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
@@ -197,6 +198,20 @@ impl RedisClusterStore {
         self.records.redis_key(key)
     }
 
+    /// A connection to each primary that serves slots, for the operations that walk every record.
+    async fn nodes(&self) -> Result<Vec<OnNode>, StoreError> {
+        let mut conn = self.conn().await?;
+        let primaries = primaries(&mut conn).await?;
+        Ok(primaries
+            .into_iter()
+            .map(|(_, (host, port))| OnNode {
+                conn: conn.clone(),
+                host,
+                port,
+            })
+            .collect())
+    }
+
     async fn conn(&self) -> Result<ClusterConnection, StoreError> {
         if let Some(conn) = self.conn.get() {
             return Ok(conn.clone());
@@ -215,11 +230,10 @@ redis_store!(RedisClusterStore, "redis-cluster");
 
 #[async_trait::async_trait]
 impl Purge for RedisClusterStore {
-    /// Deletes at most `batch` records past retention at `now`, continuing one pass over every
+    /// Deletes at most `batch` records past retention at each primary's time, continuing one pass over every
     /// primary's keys across calls (as [`RedisStore`](super::RedisStore) does over one server's);
     /// a call stops at the end of the pass or after 64 `SCAN` steps in all.
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let now = self.records.now();
         let mut conn = self.conn().await?;
         let primaries = primaries(&mut conn).await?;
         let (node, mut cursor) = self
@@ -238,13 +252,13 @@ impl Purge for RedisClusterStore {
         let (budget, mut deleted, mut steps) = (batch as u64, 0, SCAN_STEPS_PER_CALL);
         while let Some((_, (host, port))) = primaries.get(at) {
             let mut on_node = OnNode {
-                conn: &mut conn,
-                host,
+                conn: conn.clone(),
+                host: host.clone(),
                 port: *port,
             };
             let (purged, next, left) = self
                 .records
-                .purge(&mut on_node, cursor, now, budget - deleted, steps)
+                .purge(&mut on_node, cursor, budget - deleted, steps)
                 .await?;
             (deleted, cursor, steps) = (deleted + purged, next.unwrap_or(0), left);
             if next.is_none() {
@@ -292,24 +306,24 @@ async fn primaries(
     Ok(primaries)
 }
 
-/// A cluster connection that sends every command to one node, so that the single-server purge
-/// pass runs on each primary.
-struct OnNode<'a> {
-    conn: &'a mut ClusterConnection,
-    host: &'a str,
+/// A cluster connection that sends every command to one node, so that the single-server passes
+/// (purge, erase, listing, counts) run on each primary.
+struct OnNode {
+    conn: ClusterConnection,
+    host: String,
     port: u16,
 }
 
-impl OnNode<'_> {
+impl OnNode {
     fn route(&self) -> SingleNodeRoutingInfo {
         SingleNodeRoutingInfo::ByAddress {
-            host: self.host.to_owned(),
+            host: self.host.clone(),
             port: self.port,
         }
     }
 }
 
-impl ConnectionLike for OnNode<'_> {
+impl ConnectionLike for OnNode {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let route = RoutingInfo::SingleNode(self.route());
         Box::pin(self.conn.route_command(cmd, route))

@@ -94,8 +94,11 @@
 //!
 //! [hash tag]: https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags
 
-use super::{Claim, ClaimOutcome, Found, Purge, Stamped, Store, StoreError, Subscription, Waiters};
-use crate::clock::{Clock, SystemClock, Timestamp};
+use super::{
+    Claim, ClaimOutcome, Claimed, Found, Listed, Purge, StateKind, Stats, Store, StoreError,
+    Subscription, Waiters,
+};
+use crate::clock::{Clock, Timestamp};
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
 use ::redis::{
@@ -111,11 +114,6 @@ use tokio::sync::{watch, OnceCell};
 use tokio::task::AbortHandle;
 
 mod blob;
-
-/// How often a claim looks again when the record it found changed before its conditional replace
-/// could apply. Each retry means another request changed the key in between, so a few suffice; the
-/// bound only guards against a pathological loop.
-const MAX_CLAIM_ATTEMPTS: usize = 16;
 
 /// The longest TTL set on a record (100 years): Redis refuses expiry times that overflow its clock.
 const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
@@ -181,7 +179,7 @@ pub struct RedisStoreBuilder<S = RedisStore> {
     response_timeout: Duration,
     reconnect_retries: usize,
     durability: Option<Durability>,
-    clock: Arc<dyn Clock>,
+    clock: Option<Arc<dyn Clock>>,
     store: PhantomData<fn() -> S>,
 }
 
@@ -214,15 +212,18 @@ impl<S> RedisStoreBuilder<S> {
             response_timeout: Duration::from_secs(2),
             reconnect_retries: 0,
             durability: None,
-            clock: Arc::new(SystemClock),
+            clock: None,
             store: PhantomData,
         }
     }
 
-    /// Judges every time by `clock` (tests move a [`ManualClock`](crate::clock::ManualClock) to
-    /// expire keys and leases).
+    /// Judges every time by `clock` instead of the server's `TIME` (tests move a
+    /// [`ManualClock`](crate::clock::ManualClock) to expire keys and leases). Every instance that
+    /// shares the records must then use the same clock: it is passed to each script in place of
+    /// the server's. Not for production, where the server's clock is what lets instances whose
+    /// clocks disagree agree on who owns a key.
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -479,6 +480,11 @@ impl RedisStore {
         self.records.redis_key(key)
     }
 
+    /// The one server that holds the records, for the operations that walk them all.
+    async fn nodes(&self) -> Result<[ConnectionManager; 1], StoreError> {
+        Ok([self.conn().await?])
+    }
+
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         if let Some(conn) = self.conn.get() {
             return Ok(conn.clone());
@@ -526,7 +532,8 @@ struct Records {
     scripts: Scripts,
     waiters: Arc<Waiters>,
     durability: Option<Durability>,
-    clock: Arc<dyn Clock>,
+    /// The clock the store judges time by instead of the server's `TIME` (tests move it).
+    clock: Option<Arc<dyn Clock>>,
 }
 
 /// A Lua script: its hash for `EVALSHA`, and its code for `EVAL` on a server that lacks it.
@@ -545,28 +552,37 @@ impl Lua {
 }
 
 struct Scripts {
-    replace: Lua,
+    claim: Lua,
+    get: Lua,
     settle: Lua,
     renew: Lua,
     announce: Lua,
     purge: Lua,
+    forget: Lua,
+    erase: Lua,
+    peek: Lua,
 }
 
 impl Scripts {
     fn new() -> Self {
         Self {
-            replace: Lua::new(include_str!("replace.lua")),
+            claim: Lua::new(include_str!("claim.lua")),
+            get: Lua::new(include_str!("get.lua")),
             settle: Lua::new(include_str!("settle.lua")),
             renew: Lua::new(include_str!("renew.lua")),
             announce: Lua::new(include_str!("announce.lua")),
             purge: Lua::new(include_str!("purge.lua")),
+            forget: Lua::new(include_str!("forget.lua")),
+            erase: Lua::new(include_str!("erase.lua")),
+            peek: Lua::new(include_str!("peek.lua")),
         }
     }
 }
 
 impl Records {
-    fn now(&self) -> Timestamp {
-        self.clock.now()
+    /// The time the scripts judge by: the given clock's now, or the server's.
+    fn script_now(&self) -> ScriptNow {
+        ScriptNow(self.clock.as_ref().map(|clock| clock.now()))
     }
 
     fn key<'a>(&'a self, key: &'a RecordKey) -> RedisKey<'a> {
@@ -645,93 +661,50 @@ impl Records {
         .map_err(redis_error)
     }
 
+    /// Applies [`Claim::decide`] at the store's time in one script (`claim.lua`): inserts, takes
+    /// over, resumes, or returns the record found, unchanged.
     async fn claim<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
-        claim: &Stamped<'_>,
+        claim: &Claim<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
         let key = self.key(claim.key);
-        let ttl = claim
-            .retain_until
-            .as_millis()
-            .saturating_sub(claim.now.as_millis())
-            .clamp(1, MAX_TTL_MS);
-        let fresh = blob::fresh(claim);
-        for _ in 0..MAX_CLAIM_ATTEMPTS {
-            // Sized up front: building a command argument by argument reallocates as it grows.
-            let mut cmd = Cmd::with_capacity(7, key.max_len() + fresh.len() + 40);
-            cmd.arg("SET")
-                .arg(key)
-                .arg(&fresh[..])
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(ttl);
-            let (found, durable): (Option<Vec<u8>>, bool) =
-                self.send(conn, cmd, true).await.map_err(redis_error)?;
-            let Some(found) = found else {
-                return confirmed(durable).map(|()| claim.won(None));
-            };
-            let record = blob::decode(found)?;
-            // The replacements are boxed: inlined, their futures would make every claim's future
-            // (which the store trait boxes and moves) several times larger.
-            if record.token == claim.token && matches!(record.state, RecordState::InFlight { .. }) {
-                // A cluster client resent our claim after a lost reply: it landed the first time.
-                let taken_over = record.created_at != claim.now;
-                return Ok(claim.won(taken_over.then_some(&record)));
-            } else if record.is_forgotten(claim.now) {
-                // A fresh record, and a fresh TTL.
-                if Box::pin(self.replace(conn, key, &record, &fresh, Some(ttl))).await? {
-                    return Ok(claim.won(None));
-                }
-            } else if claim.can_take_over(&record) {
-                // The same record under the new token and lease; the key keeps its TTL.
-                let taken = blob::encode(&Record {
-                    token: claim.token,
-                    state: RecordState::InFlight {
-                        lease_until: claim.lease_until,
-                    },
-                    ..record.clone()
-                })?;
-                if Box::pin(self.replace(conn, key, &record, &taken, None)).await? {
-                    return Ok(claim.won(Some(&record)));
-                }
-            } else {
-                return Ok(claim.existing(record));
-            }
-            // Someone changed the record between our read and our replace: look again.
-        }
-        Err(StoreError::unavailable(format!(
-            "claim of {} did not settle after {MAX_CLAIM_ATTEMPTS} attempts under concurrent changes",
-            claim.key
-        )))
-    }
-
-    /// Replaces `seen` at `key` by `new` if the key still holds `seen` (`replace.lua`): with a fresh
-    /// TTL of `ttl` ms, or, when `None`, keeping the key's. Returns whether it did.
-    async fn replace<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        key: RedisKey<'_>,
-        seen: &Record,
-        new: &[u8],
-        ttl: Option<i64>,
-    ) -> Result<bool, StoreError> {
+        let token = blob::token(claim.token);
+        let now = self.script_now();
+        let retain = claim.retain.max(claim.ttl);
         let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(seen.token)[..])
-                .arg(blob::state(seen))
-                .arg(new);
-            match ttl {
-                Some(ttl) => cmd.arg(ttl),
-                None => cmd.arg(""),
-            };
+            cmd.arg(&token[..])
+                .arg(&claim.fingerprint.0[..])
+                .arg(millis(claim.lease))
+                .arg(millis(claim.ttl))
+                .arg(millis(retain))
+                .arg(now);
         };
-        let sizes = (4, 8 + 1 + new.len() + 20);
-        let (replaced, durable): (i64, bool) = self
-            .eval(conn, &self.scripts.replace, key, sizes, args, true)
+        let ((rule, now, value), durable): ((i64, i64, Vec<u8>), bool) = self
+            .eval(conn, &self.scripts.claim, key, (6, 8 + 32 + 3 * 20 + 20), args, true)
             .await?;
-        confirmed(durable || replaced != 1)?;
-        Ok(replaced == 1)
+        let now = Timestamp::from_millis(now);
+        let record = blob::decode(value)?;
+        let taken_over = match rule {
+            KEPT => return Ok(ClaimOutcome::Existing(Found { record, now })),
+            INSERTED | RESUMED => false,
+            TAKEN_OVER => true,
+            // A cluster client resent the script after a lost reply: the first one won. A fresh
+            // record's lease ends exactly one lease after its creation.
+            RESENT => !matches!(record.state, RecordState::InFlight { lease_until }
+                if lease_until == record.created_at + claim.lease),
+            other => {
+                return Err(StoreError::corrupt(format!(
+                    "claim.lua answered the unknown rule {other}"
+                )))
+            }
+        };
+        confirmed(durable)?;
+        Ok(ClaimOutcome::Claimed(Claimed {
+            taken_over,
+            created_at: record.created_at,
+            expires_at: record.expires_at,
+        }))
     }
 
     /// Completes the claim with `response`, or releases it when `None` (`settle.lua`). Only a
@@ -776,18 +749,18 @@ impl Records {
         conn: &mut C,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
     ) -> Result<(), StoreError> {
+        let now = self.script_now();
         let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(token)[..])
-                .arg(&lease_until.as_millis().to_be_bytes()[..]);
+            cmd.arg(&blob::token(token)[..]).arg(millis(lease)).arg(now);
         };
         let (reply, _) = self
             .eval(
                 conn,
                 &self.scripts.renew,
                 self.key(key),
-                (2, 16),
+                (3, 8 + 40),
                 args,
                 false,
             )
@@ -795,21 +768,53 @@ impl Records {
         applied_or_fenced(reply)
     }
 
+    /// The record, unless past retention, with the store's time of the read (`get.lua`).
     async fn get<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         key: &RecordKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let found: Option<Vec<u8>> = ::redis::cmd("GET")
-            .arg(self.key(key))
-            .query_async(conn)
-            .await
-            .map_err(redis_error)?;
+    ) -> Result<Option<Found>, StoreError> {
+        let now = self.script_now();
+        let ((now, found), _): ((i64, Option<Vec<u8>>), bool) = self
+            .eval(
+                conn,
+                &self.scripts.get,
+                self.key(key),
+                (1, 20),
+                |cmd| {
+                    cmd.arg(now);
+                },
+                false,
+            )
+            .await?;
+        let now = Timestamp::from_millis(now);
         match found {
-            Some(found) => Ok(Some(blob::decode(found)?).filter(|r| !r.is_forgotten(now))),
+            Some(found) => Ok(Some(blob::decode(found)?)
+                .filter(|r| !r.is_forgotten(now))
+                .map(|record| Found { record, now })),
             None => Ok(None),
         }
+    }
+
+    /// Deletes the record if it still carries `token` in a state of kind `state` (`forget.lua`),
+    /// and wakes its waiters here (the script publishes to the other instances).
+    async fn forget<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&blob::token(token)[..]).arg(blob::state(state));
+        };
+        let (deleted, _): (i64, bool) = self
+            .eval(conn, &self.scripts.forget, self.key(key), (2, 9), args, false)
+            .await?;
+        if deleted == 1 {
+            self.waiters.notify(key);
+        }
+        Ok(deleted == 1)
     }
 
     async fn announce<C: ConnectionLike + Send>(
@@ -825,36 +830,30 @@ impl Records {
     }
 
     /// Continues the `SCAN` pass at `cursor` over the store's keys on the server `conn` talks to,
-    /// deleting records past retention at `now`: at most `budget` records, in at most `steps` `SCAN`
-    /// steps. Returns how many it deleted, the cursor to resume at (`None`: the pass is over) and the
-    /// steps left.
+    /// deleting records past retention at the store's time: at most `budget` records, in at most
+    /// `steps` `SCAN` steps. Returns how many it deleted, the cursor to resume at (`None`: the pass
+    /// is over) and the steps left.
     async fn purge<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         mut cursor: u64,
-        now: Timestamp,
         budget: u64,
         mut steps: usize,
     ) -> Result<(u64, Option<u64>, usize), StoreError> {
-        let pattern = format!("{}:{{*", glob_escape(&self.prefix));
+        let pattern = self.pattern(None);
         let mut deleted = 0u64;
         loop {
             steps = steps.saturating_sub(1);
-            let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(conn)
-                .await
-                .map_err(redis_error)?;
+            let (next, keys) = scan(conn, cursor, &pattern).await?;
             let mut done = 0;
             while done < keys.len() && deleted < budget {
                 let take = usize::try_from(budget - deleted)
                     .unwrap_or(usize::MAX)
                     .min(keys.len() - done);
-                deleted += self.purge_keys(conn, &keys[done..done + take], now).await?;
+                let purged: Vec<i64> = self
+                    .each(conn, &self.scripts.purge, &keys[done..done + take])
+                    .await?;
+                deleted += purged.iter().filter(|&&d| d == 1).count() as u64;
                 done += take;
             }
             // SCAN cursors are stateless on the server: stopping inside a page means scanning that
@@ -869,25 +868,163 @@ impl Records {
         }
     }
 
-    /// Deletes those of `keys` that are past retention at `now` (one pipelined round trip, one
-    /// script per key); returns how many were deleted.
-    async fn purge_keys<C: ConnectionLike + Send>(
+    /// Runs `lua` once per key of `keys` (one pipelined round trip), with the store's time as its
+    /// only argument for the scripts that take one; the replies in order.
+    async fn each<T: FromRedisValue, C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
+        lua: &Lua,
         keys: &[Vec<u8>],
-        now: Timestamp,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<T>, StoreError> {
         if keys.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
-        let purge = &self.scripts.purge.script;
+        let now = self.script_now();
         let mut pipe = ::redis::pipe();
-        pipe.load_script(purge).ignore();
+        pipe.load_script(&lua.script).ignore();
         for key in keys {
-            pipe.invoke_script(purge.key(key).arg(now.as_millis()));
+            pipe.invoke_script(lua.script.key(key).arg(now));
         }
-        let deleted: Vec<i64> = pipe.query_async(conn).await.map_err(redis_error)?;
-        Ok(deleted.iter().filter(|&&d| d == 1).count() as u64)
+        pipe.query_async(conn).await.map_err(redis_error)
+    }
+
+    /// The `SCAN MATCH` pattern of every record, or of `scope`'s (as stored): the tag starts with
+    /// the scope's length and the escaped scope, so the pattern matches that scope's keys and no
+    /// other's.
+    fn pattern(&self, scope: Option<&str>) -> String {
+        let mut pattern = format!("{}:{{", glob_escape(&self.prefix));
+        if let Some(scope) = scope {
+            let mut head = format!("{}:", escaped_len(scope));
+            // Writing to a String cannot fail.
+            let _ = escape(scope, &mut head);
+            head.push(':');
+            pattern.push_str(&glob_escape(&head));
+        }
+        pattern.push('*');
+        pattern
+    }
+
+    /// The record key a Redis key of this store names.
+    fn record_key(&self, redis_key: &[u8]) -> Option<RecordKey> {
+        let tag = redis_key
+            .strip_prefix(self.prefix.as_bytes())?
+            .strip_prefix(b":{")?
+            .strip_suffix(b"}")?;
+        decode_tag(tag)
+    }
+
+    /// Deletes at most `budget` records of the scope whose keys match `pattern`, in one whole
+    /// `SCAN` pass over the server `conn` talks to (`erase.lua`), waking their waiters; returns how
+    /// many. Less than `budget` means the pass found no more.
+    async fn erase<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        pattern: &str,
+        budget: u64,
+    ) -> Result<u64, StoreError> {
+        let (mut cursor, mut erased) = (0, 0u64);
+        while erased < budget {
+            let (next, mut keys) = scan(conn, cursor, pattern).await?;
+            keys.truncate(usize::try_from(budget - erased).unwrap_or(usize::MAX));
+            let deleted: Vec<i64> = self.each(conn, &self.scripts.erase, &keys).await?;
+            for (key, _) in keys.iter().zip(&deleted).filter(|(_, &d)| d == 1) {
+                erased += 1;
+                if let Some(key) = self.record_key(key) {
+                    self.waiters.notify(&key);
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(erased)
+    }
+
+    /// Reads the header of every record on the server `conn` talks to (`SCAN`, then `peek.lua` per
+    /// key), handing each page's records, decoded without their responses, to `page`; returns the
+    /// server's time, read before the pass, which judges them. Keys that hold no record are
+    /// skipped.
+    async fn scan_records<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        mut page: impl FnMut(Vec<(RecordKey, Record)>) + Send,
+    ) -> Result<Timestamp, StoreError> {
+        let now = match self.clock.as_ref() {
+            Some(clock) => clock.now(),
+            None => {
+                let (secs, micros): (i64, i64) = ::redis::cmd("TIME")
+                    .query_async(conn)
+                    .await
+                    .map_err(redis_error)?;
+                Timestamp::from_millis(secs.saturating_mul(1000).saturating_add(micros / 1000))
+            }
+        };
+        let pattern = self.pattern(None);
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = scan(conn, cursor, &pattern).await?;
+            let headers: Vec<Option<Vec<u8>>> = self.each(conn, &self.scripts.peek, &keys).await?;
+            let records = keys
+                .iter()
+                .zip(headers)
+                .filter_map(|(key, header)| {
+                    let record = blob::summary(header?).ok()?;
+                    Some((self.record_key(key)?, record))
+                })
+                .collect();
+            page(records);
+            if next == 0 {
+                return Ok(now);
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// One `SCAN` step over the keys matching `pattern`: the next cursor (0: the pass is over) and the
+/// keys.
+async fn scan<C: ConnectionLike + Send>(
+    conn: &mut C,
+    cursor: u64,
+    pattern: &str,
+) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+    ::redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(SCAN_COUNT)
+        .query_async(conn)
+        .await
+        .map_err(redis_error)
+}
+
+/// A duration as whole milliseconds for the scripts, at most [`MAX_TTL_MS`] (Redis refuses expiry
+/// times that overflow its clock, and Lua's numbers are exact only below 2^53).
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(MAX_TTL_MS)
+}
+
+/// `claim.lua`'s rules: what the claim did.
+const KEPT: i64 = 0;
+const INSERTED: i64 = 1;
+const TAKEN_OVER: i64 = 2;
+const RESUMED: i64 = 3;
+const RESENT: i64 = 4;
+
+/// The scripts' time argument: the clock the store was given, or empty for the server's `TIME`.
+#[derive(Clone, Copy)]
+struct ScriptNow(Option<Timestamp>);
+
+impl ToRedisArgs for ScriptNow {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        match self.0 {
+            Some(now) => now.as_millis().write_redis_args(out),
+            None => "".write_redis_args(out),
+        }
     }
 }
 
@@ -902,8 +1039,10 @@ fn confirmed(durable: bool) -> Result<(), StoreError> {
     }
 }
 
-/// Implements [`Store`] for a Redis store type that has a `records: Records` field and an
-/// `async fn conn(&self)` giving a connection: the operations are [`Records`]'.
+/// Implements [`Store`] for a Redis store type that has a `records: Records` field, an
+/// `async fn conn(&self)` giving a connection, and an `async fn nodes(&self)` giving a connection to
+/// each server that holds records (one, or each primary of a cluster): the operations are
+/// [`Records`]'.
 macro_rules! redis_store {
     ($store:ty, $kind:literal) => {
         #[async_trait::async_trait]
@@ -913,8 +1052,7 @@ macro_rules! redis_store {
             }
 
             async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-                let claim = claim.stamped(self.records.now());
-                self.records.claim(&mut self.conn().await?, &claim).await
+                self.records.claim(&mut self.conn().await?, claim).await
             }
 
             async fn complete(
@@ -946,14 +1084,11 @@ macro_rules! redis_store {
                 lease: Duration,
             ) -> Result<(), StoreError> {
                 let mut conn = self.conn().await?;
-                let lease_until = self.records.now() + lease;
-                self.records.renew(&mut conn, key, token, lease_until).await
+                self.records.renew(&mut conn, key, token, lease).await
             }
 
             async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
-                let now = self.records.now();
-                let found = self.records.get(&mut self.conn().await?, key, now).await?;
-                Ok(found.map(|record| Found { record, now }))
+                self.records.get(&mut self.conn().await?, key).await
             }
 
             fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -965,8 +1100,111 @@ macro_rules! redis_store {
             async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
                 self.records.announce(&mut self.conn().await?, key).await
             }
+
+            async fn forget(
+                &self,
+                key: &RecordKey,
+                token: FencingToken,
+                state: StateKind,
+            ) -> Result<bool, StoreError> {
+                let mut conn = self.conn().await?;
+                self.records.forget(&mut conn, key, token, state).await
+            }
+
+            /// Walks the keys of `scope` with `SCAN MATCH` on each server (see "Operators" in the
+            /// [module documentation](self)), from the start on every call.
+            async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+                let pattern = self.records.pattern(Some(scope));
+                let budget = batch as u64;
+                let mut erased = 0;
+                for mut node in self.nodes().await? {
+                    if erased >= budget {
+                        break;
+                    }
+                    erased += self
+                        .records
+                        .erase(&mut node, &pattern, budget - erased)
+                        .await?;
+                }
+                Ok(erased)
+            }
+
+            /// Reads every record's header on each server; each server's records are judged by
+            /// its own time, and the time returned is the latest of them.
+            async fn list_in_flight(
+                &self,
+                older_than: Duration,
+                limit: usize,
+            ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+                let mut listed = Vec::new();
+                let mut latest = None;
+                for mut node in self.nodes().await? {
+                    let mut found = Vec::new();
+                    let now = self
+                        .records
+                        .scan_records(&mut node, |page| found.extend(page))
+                        .await?;
+                    listed.extend(
+                        found
+                            .into_iter()
+                            .filter(|(_, r)| {
+                                matches!(r.state, RecordState::InFlight { .. })
+                                    && !r.is_forgotten(now)
+                                    && r.created_at.until(now) >= older_than
+                            })
+                            .map(|(key, record)| Listed { key, record }),
+                    );
+                    latest = latest.max(Some(now));
+                }
+                listed.sort_by(|a, b| {
+                    (a.record.created_at, &a.key).cmp(&(b.record.created_at, &b.key))
+                });
+                listed.truncate(limit);
+                Ok((listed, latest.ok_or_else(no_server)?))
+            }
+
+            /// Counts every record's header on each server, by [`Stats::count`] at that server's
+            /// time; `now` is the latest of them.
+            async fn stats(&self) -> Result<Stats, StoreError> {
+                let mut total: Option<Stats> = None;
+                for mut node in self.nodes().await? {
+                    let mut pages = Vec::new();
+                    let now = self
+                        .records
+                        .scan_records(&mut node, |page| pages.push(page))
+                        .await?;
+                    let stats = Stats::count(pages.iter().flatten().map(|(_, r)| r), now);
+                    total = Some(match total {
+                        None => stats,
+                        Some(total) => add(total, stats),
+                    });
+                }
+                total.ok_or_else(no_server)
+            }
         }
     };
+}
+
+/// No server answered for the records (a cluster without a primary serving slots).
+fn no_server() -> StoreError {
+    StoreError::unavailable("no Redis server serves the store's records")
+}
+
+/// The counts of two servers together.
+fn add(a: Stats, b: Stats) -> Stats {
+    let oldest_in_flight = match (a.oldest_in_flight, b.oldest_in_flight) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Stats {
+        in_flight: a.in_flight + b.in_flight,
+        completed: a.completed + b.completed,
+        released: a.released + b.released,
+        expired: a.expired + b.expired,
+        forgotten: a.forgotten + b.forgotten,
+        oldest_in_flight,
+        now: a.now.max(b.now),
+    }
 }
 
 redis_store!(RedisStore, "redis");
@@ -992,12 +1230,11 @@ fn applied_or_fenced(reply: i64) -> Result<(), StoreError> {
 
 #[async_trait::async_trait]
 impl Purge for RedisStore {
-    /// Deletes at most `batch` records past retention at `now`, continuing one `SCAN` pass over the
+    /// Deletes at most `batch` records past retention at the store's time, continuing one `SCAN` pass over the
     /// store's keys across calls. A call stops at the end of the pass or after 64 `SCAN` steps, and
     /// may then return fewer than `batch`, which ends a [`Sweeper`](crate::sweeper::Sweeper) sweep; the
     /// next sweep continues the pass. See the [module documentation](self).
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let now = self.records.now();
         let mut conn = self.conn().await?;
         let cursor = *self
             .scan_cursor
@@ -1005,7 +1242,7 @@ impl Purge for RedisStore {
             .unwrap_or_else(PoisonError::into_inner);
         let (deleted, cursor, _) = self
             .records
-            .purge(&mut conn, cursor, now, batch as u64, SCAN_STEPS_PER_CALL)
+            .purge(&mut conn, cursor, batch as u64, SCAN_STEPS_PER_CALL)
             .await?;
         *self
             .scan_cursor
