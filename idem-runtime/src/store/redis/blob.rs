@@ -404,7 +404,9 @@ mod tests {
         );
         assert_eq!(state(StateKind::of(&decoded.state)), b"D");
         assert_eq!(
-            summary(value[..HEADER_LEN].to_vec()).expect("a header").state,
+            summary(value[..HEADER_LEN].to_vec())
+                .expect("a header")
+                .state,
             RecordState::Completed {
                 response: StoredResponse {
                     status: 0,

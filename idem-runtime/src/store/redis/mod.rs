@@ -13,48 +13,70 @@
 //! layout before this one, are reported as corrupt and never overwritten.
 //!
 //! # Operations
-//! The common paths are plain commands; only conditional writes are Lua scripts (sent as `EVALSHA`,
-//! and loaded when the server answers `NOSCRIPT`; the scripts, with their KEYS, ARGV and replies
-//! documented at the top, live next to this file). Every command is built at its final size, and keys
-//! and responses are written straight into it: at high concurrency the client's allocations, not
-//! the round trips, are what separates the store from plain commands.
+//! Every operation on a record is one Lua script on the record's one key (sent as `EVALSHA`, and
+//! loaded when the server answers `NOSCRIPT`; the scripts, with their KEYS, ARGV and replies
+//! documented at the top, live next to this file). Every command is built at its final size, and
+//! keys and responses are written straight into it: at high concurrency the client's allocations,
+//! not the round trips, are what separates the store from plain commands.
 //!
-//! - **claim** is `SET key <in-flight record> NX GET PX <retain_until - now>`: a nil reply means the
-//!   key was free and is now claimed; otherwise Redis returned the existing record in the same atomic
-//!   step, untouched, so a replay (or a mismatch, or "in flight") costs this one plain command. Only
-//!   when that record is past retention by the engine's clock, or may be taken over (its lease ran
-//!   out), does the claim run `replace.lua`, which overwrites it if it is still the record decoded (same
-//!   token and state); if another request changed it meanwhile, the claim starts over (a few times at
-//!   most).
+//! - **claim** is `claim.lua`: it reads the server's time and the record, and applies
+//!   [`Claim::decide`] in the same step: writes a fresh in-flight record (with the key's TTL set to
+//!   the retention), takes over or resumes the record (new token and lease, its times and TTL
+//!   kept), or returns the record untouched, so a replay (or a mismatch, or "in flight") costs this
+//!   one script.
 //! - **complete** and **release** are `settle.lua`: it checks the token and the in-flight state,
-//!   then appends the response to the header (keeping the TTL) or deletes the key, and `PUBLISH`es
-//!   the record's tag on `<prefix>:done` only if the record is watched.
-//! - **renew** is `renew.lua`: the same check, then the lease field is overwritten in place
-//!   (`SETRANGE`, which keeps the TTL).
+//!   then appends the response to the header or turns the state byte to "released" (both keep the
+//!   TTL and the record's times), and `PUBLISH`es the record's tag on `<prefix>:done` only if the
+//!   record is watched.
+//! - **renew** is `renew.lua`: the same check, then the lease field becomes the server's time plus
+//!   the lease, overwritten in place (`SETRANGE`, which keeps the TTL).
 //! - **announce_waiter** is `announce.lua`: sets the `watched` flag of an in-flight record, so that
 //!   its completion publishes. See "Waking waiters across instances".
-//! - **get** is one `GET`.
+//! - **get** is `get.lua`: the value and the server's time of the read.
 //!
-//! The claim needs Redis 7.0 or later (`SET` with both `NX` and `GET`); an older server refuses it
-//! with a syntax error, reported as unavailable.
+//! The scripts need Redis 7.0 or later (Valkey 7.2 or later), which replicates a script's effects
+//! rather than the script, so that a script may read `TIME` and then write.
 //!
-//! Every time is the engine's clock, passed in; Redis's clock is never compared with it.
+//! # Time is the server's
+//! Every instant is set and judged by the Redis server's clock, read with `TIME` inside the script
+//! that decides (see "Time is the store's" in [`crate::store`]): the engine sends durations, and
+//! reads instants back with the server's time of the read. On a cluster each primary judges the
+//! records it holds by its own clock; a record lives on one primary (and its replica, which takes
+//! the primary's clock's place on failover: keep the nodes' clocks synchronised). A store given a
+//! clock ([`RedisStoreBuilder::clock`]) passes that clock's time to the scripts instead, which is
+//! how tests move time.
 //!
 //! # Expiry
-//! A fresh claim sets the key's TTL to `retain_until - now`, so Redis deletes the record by itself
-//! when retention ends. Between `expires_at` and `retain_until` the record is a tombstone the engine
-//! answers "expired" from. Records past retention by the caller's clock count as absent whether or not
-//! Redis has deleted them yet (claim replaces them, get hides them).
+//! A fresh claim sets the key's TTL to the retention, so Redis deletes the record by itself when
+//! retention ends. Between `expires_at` and `retain_until` the record is a tombstone the engine
+//! answers "expired" from. Records past retention by the server's time count as absent whether or
+//! not Redis has deleted them yet (claim replaces them, get hides them).
 //!
-//! [`Purge`] is therefore rarely needed with Redis: it exists for when the engine's clock runs ahead of
-//! the TTL Redis applied (tests on a manual clock, a clock that jumped). It walks the store's keys with
-//! `SCAN MATCH <prefix>:{*` and deletes, one script per record (`purge.lua`, which reads
-//! `retain_until` from the record's header), those whose `retain_until` has passed,
-//! at most a batch per call; consecutive calls continue one pass over the keyspace. That costs a scan
-//! of the database per sweep, in exchange for nothing on the request path: an index such as a sorted
-//! set by `retain_until` would cost a write on every claim and, being one key, would live in another
-//! Cluster slot than the records, so the claim could no longer be one single-key command. If you run
-//! the [`Sweeper`](crate::sweeper::Sweeper) against Redis at all, give it a long interval.
+//! [`Purge`] is therefore rarely needed with Redis: it exists for when the TTL Redis applied and the
+//! records' `retain_until` disagree (tests on a manual clock, a server clock that jumped). It walks
+//! the store's keys with `SCAN MATCH <prefix>:{*` and deletes, one script per record (`purge.lua`,
+//! which reads `retain_until` from the record's header and the time from the server), those whose
+//! `retain_until` has passed, at most a batch per call; consecutive calls continue one pass over
+//! the keyspace. That costs a scan of the database per sweep, in exchange for nothing on the
+//! request path: an index such as a sorted set by `retain_until` would cost a write on every claim
+//! and, being one key, would live in another Cluster slot than the records, so the claim could no
+//! longer be one single-key script. If you run the [`Sweeper`](crate::sweeper::Sweeper) against
+//! Redis at all, give it a long interval.
+//!
+//! # Operators
+//! [`Store::forget`] is one script on the record's key (`forget.lua`: deleted only if it still has
+//! the token and state it was read with). The operations over many records walk the keyspace of
+//! every server that holds records (each primary of a cluster) with `SCAN`, one pipelined script per
+//! key found: [`Store::erase_scope`] with `SCAN MATCH <prefix>:{<n>:<scope>:*` (the tag begins with
+//! the scope's length and the scope, so the pattern matches that scope's keys and no other's) and
+//! `erase.lua`; [`Store::list_in_flight`] and [`Store::stats`] with `peek.lua`, which reads each
+//! record's header (a completed record's response is not read). There is no per-scope index: a set
+//! per scope would be another key, in another hash slot than the scope's records (each record's
+//! hash tag is its own key, so that records spread over a cluster), so keeping it in step with the
+//! records would take a second command on every claim and purge, and could never be atomic with
+//! them on a cluster; a scope's own hash tag would put a large tenant's records all on one node.
+//! These are rare operator calls, so they pay a scan of the keyspace instead of every request
+//! paying an index. Erased and forgotten records wake their waiters as completions do.
 //!
 //! # Waking waiters across instances
 //! Each store keeps one pub/sub connection, subscribed to `<prefix>:done` by a background task that
@@ -681,7 +703,14 @@ impl Records {
                 .arg(now);
         };
         let ((rule, now, value), durable): ((i64, i64, Vec<u8>), bool) = self
-            .eval(conn, &self.scripts.claim, key, (6, 8 + 32 + 3 * 20 + 20), args, true)
+            .eval(
+                conn,
+                &self.scripts.claim,
+                key,
+                (6, 8 + 32 + 3 * 20 + 20),
+                args,
+                true,
+            )
             .await?;
         let now = Timestamp::from_millis(now);
         let record = blob::decode(value)?;
@@ -809,7 +838,14 @@ impl Records {
             cmd.arg(&blob::token(token)[..]).arg(blob::state(state));
         };
         let (deleted, _): (i64, bool) = self
-            .eval(conn, &self.scripts.forget, self.key(key), (2, 9), args, false)
+            .eval(
+                conn,
+                &self.scripts.forget,
+                self.key(key),
+                (2, 9),
+                args,
+                false,
+            )
             .await?;
         if deleted == 1 {
             self.waiters.notify(key);
