@@ -392,6 +392,7 @@ mod tests {
         assert_eq!(arg.len(), 1, "one argument");
         assert_eq!(arg[0].len(), tail.len());
         done.extend_from_slice(&arg[0]);
+        let done_header = done[..HEADER_LEN].to_vec();
         let decoded = decode(done).expect("a completed record");
         assert_eq!(
             decoded,
@@ -404,9 +405,7 @@ mod tests {
         );
         assert_eq!(state(StateKind::of(&decoded.state)), b"D");
         assert_eq!(
-            summary(value[..HEADER_LEN].to_vec())
-                .expect("a header")
-                .state,
+            summary(done_header).expect("a header").state,
             RecordState::Completed {
                 response: StoredResponse {
                     status: 0,
