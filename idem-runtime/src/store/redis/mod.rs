@@ -978,13 +978,13 @@ impl Records {
     }
 
     /// Reads the header of every record on the server `conn` talks to (`SCAN`, then `peek.lua` per
-    /// key), handing each page's records, decoded without their responses, to `page`; returns the
-    /// server's time, read before the pass, which judges them. Keys that hold no record are
-    /// skipped.
+    /// key), handing each page's records, decoded without their responses, to `page` with the
+    /// server's time read before the pass, which judges them; returns that time. Keys that hold no
+    /// record are skipped.
     async fn scan_records<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
-        mut page: impl FnMut(Vec<(RecordKey, Record)>) + Send,
+        mut page: impl FnMut(Timestamp, Vec<(RecordKey, Record)>) + Send,
     ) -> Result<Timestamp, StoreError> {
         let now = match self.clock.as_ref() {
             Some(clock) => clock.now(),
@@ -1009,7 +1009,7 @@ impl Records {
                     Some((self.record_key(key)?, record))
                 })
                 .collect();
-            page(records);
+            page(now, records);
             if next == 0 {
                 return Ok(now);
             }
@@ -1175,21 +1175,20 @@ macro_rules! redis_store {
                 let mut listed = Vec::new();
                 let mut latest = None;
                 for mut node in self.nodes().await? {
-                    let mut found = Vec::new();
                     let now = self
                         .records
-                        .scan_records(&mut node, |page| found.extend(page))
+                        .scan_records(&mut node, |now, page| {
+                            listed.extend(
+                                page.into_iter()
+                                    .filter(|(_, r)| {
+                                        matches!(r.state, RecordState::InFlight { .. })
+                                            && !r.is_forgotten(now)
+                                            && r.created_at.until(now) >= older_than
+                                    })
+                                    .map(|(key, record)| Listed { key, record }),
+                            )
+                        })
                         .await?;
-                    listed.extend(
-                        found
-                            .into_iter()
-                            .filter(|(_, r)| {
-                                matches!(r.state, RecordState::InFlight { .. })
-                                    && !r.is_forgotten(now)
-                                    && r.created_at.until(now) >= older_than
-                            })
-                            .map(|(key, record)| Listed { key, record }),
-                    );
                     latest = latest.max(Some(now));
                 }
                 listed.sort_by(|a, b| {
@@ -1204,16 +1203,19 @@ macro_rules! redis_store {
             async fn stats(&self) -> Result<Stats, StoreError> {
                 let mut total: Option<Stats> = None;
                 for mut node in self.nodes().await? {
-                    let mut pages = Vec::new();
+                    let mut counted = None;
                     let now = self
                         .records
-                        .scan_records(&mut node, |page| pages.push(page))
+                        .scan_records(&mut node, |now, page| {
+                            let part = Stats::count(page.iter().map(|(_, r)| r), now);
+                            counted = Some(add(counted.take(), part));
+                        })
                         .await?;
-                    let stats = Stats::count(pages.iter().flatten().map(|(_, r)| r), now);
-                    total = Some(match total {
-                        None => stats,
-                        Some(total) => add(total, stats),
+                    let counted = counted.unwrap_or(Stats {
+                        now,
+                        ..Stats::default()
                     });
+                    total = Some(add(total.take(), counted));
                 }
                 total.ok_or_else(no_server)
             }
@@ -1226,8 +1228,11 @@ fn no_server() -> StoreError {
     StoreError::unavailable("no Redis server serves the store's records")
 }
 
-/// The counts of two servers together.
-fn add(a: Stats, b: Stats) -> Stats {
+/// The counts `a` (if any: of the pages or servers counted so far) and `b` together.
+fn add(a: Option<Stats>, b: Stats) -> Stats {
+    let Some(a) = a else {
+        return b;
+    };
     let oldest_in_flight = match (a.oldest_in_flight, b.oldest_in_flight) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
