@@ -129,6 +129,7 @@ use ::redis::{
 };
 use futures_util::StreamExt;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -154,7 +155,19 @@ const PING_EVERY: Duration = Duration::from_secs(15);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// A [`Store`] on Redis, shared by every instance of a service that uses the same server and prefix.
+/// A [`Store`] on Redis, reached through `C`: one server ([`RedisStore`]) or a cluster
+/// (`RedisClusterStore`). Records, commands and scripts are the same for both; only how a command
+/// reaches its server, and which servers hold records, differ.
+///
+/// See the [module documentation](self) for the layout, the scripts and what each operation costs.
+pub struct Redis<C: Connector> {
+    link: C,
+    records: Records,
+    subscriber: Subscriber,
+}
+
+/// A [`Store`] on one Redis server, shared by every instance of a service that uses the same server
+/// and prefix.
 ///
 /// See the [module documentation](self) for the layout, the scripts and what each operation costs.
 ///
@@ -170,22 +183,75 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// # Ok(())
 /// # }
 /// ```
-pub struct RedisStore {
+pub type RedisStore = Redis<Server>;
+
+/// How a [`Redis`] store reaches one server: a connection manager, connected on first use.
+pub struct Server {
     client: Client,
     config: ConnectionManagerConfig,
     conn: OnceCell<ConnectionManager>,
-    records: Records,
     /// Where the current purge pass over the keyspace stands (0: start a new pass).
     scan_cursor: Mutex<u64>,
-    subscriber: Subscriber,
+}
+
+/// How a [`Redis`] store reaches the servers that hold its records: [`Server`] or, with the
+/// `redis-cluster` feature, `Cluster`. Implemented in this crate only.
+pub trait Connector: sealed::Sealed + Send + Sync + 'static {
+    /// A connection that sends each command to the server of its key.
+    #[doc(hidden)]
+    type Conn: ConnectionLike + Send;
+    /// A connection to one server that holds records.
+    #[doc(hidden)]
+    type Node: ConnectionLike + Send;
+    /// The `store` label of idem's metrics.
+    #[doc(hidden)]
+    const KIND: &'static str;
+    /// A connection, connecting first if needed.
+    #[doc(hidden)]
+    fn conn(&self) -> impl Future<Output = Result<Self::Conn, StoreError>> + Send;
+    /// A connection to each server that holds records, for the operations that walk them all.
+    #[doc(hidden)]
+    fn nodes(&self) -> impl Future<Output = Result<Vec<Self::Node>, StoreError>> + Send;
+}
+
+mod sealed {
+    /// Keeps [`Connector`](super::Connector) to this crate.
+    pub trait Sealed {}
+    impl Sealed for super::Server {}
+    #[cfg(feature = "redis-cluster")]
+    impl Sealed for super::Cluster {}
+}
+
+impl Connector for Server {
+    type Conn = ConnectionManager;
+    type Node = ConnectionManager;
+    const KIND: &'static str = "redis";
+
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        // Boxed: connecting is a large future, and inlined it would make every operation's
+        // future (which the store trait boxes and moves) kilobytes larger.
+        Box::pin(self.conn.get_or_try_init(|| {
+            ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
+        }))
+        .await
+        .cloned()
+        .map_err(StoreError::unavailable)
+    }
+
+    async fn nodes(&self) -> Result<Vec<ConnectionManager>, StoreError> {
+        Ok(vec![self.conn().await?])
+    }
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("server", &self.client.get_connection_info().addr)
+            .field("server", &self.link.client.get_connection_info().addr)
             .field("prefix", &self.records.prefix)
-            .field("connected", &self.conn.initialized())
+            .field("connected", &self.link.conn.initialized())
             .field("subscribed", &self.is_subscribed())
             .finish_non_exhaustive()
     }
@@ -434,18 +500,20 @@ impl RedisStoreBuilder<RedisStore> {
         pubsub: Option<PubSub>,
     ) -> RedisResult<RedisStore> {
         let records = self.records()?;
-        Ok(RedisStore {
+        Ok(Redis {
             subscriber: self.subscriber(&records, vec![client.clone()], pubsub),
-            client,
-            config,
-            conn: OnceCell::new_with(conn),
+            link: Server {
+                client,
+                config,
+                conn: OnceCell::new_with(conn),
+                scan_cursor: Mutex::new(0),
+            },
             records,
-            scan_cursor: Mutex::new(0),
         })
     }
 }
 
-impl RedisStore {
+impl Redis<Server> {
     /// Connects to `url` (`redis://[user:password@]host:port[/db]` or `redis+unix:///path`; TLS needs
     /// redis features idem does not enable) with the default settings and the prefix `"idem"`. Same
     /// as `RedisStore::builder(url).connect()`.
@@ -466,7 +534,9 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(vec![url.into()])
     }
+}
 
+impl<C: Connector> Redis<C> {
     /// The prefix of this store's keys and channel.
     pub fn prefix(&self) -> &str {
         &self.records.prefix
@@ -500,25 +570,6 @@ impl RedisStore {
     /// The Redis key of `key`'s record: `<prefix>:{<tag>}`.
     pub fn redis_key(&self, key: &RecordKey) -> String {
         self.records.redis_key(key)
-    }
-
-    /// The one server that holds the records, for the operations that walk them all.
-    async fn nodes(&self) -> Result<[ConnectionManager; 1], StoreError> {
-        Ok([self.conn().await?])
-    }
-
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        if let Some(conn) = self.conn.get() {
-            return Ok(conn.clone());
-        }
-        // Boxed: connecting is a large future, and inlined it would make every operation's
-        // future (which the store trait boxes and moves) kilobytes larger.
-        Box::pin(self.conn.get_or_try_init(|| {
-            ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
-        }))
-        .await
-        .cloned()
-        .map_err(StoreError::unavailable)
     }
 }
 
@@ -1075,152 +1126,144 @@ fn confirmed(durable: bool) -> Result<(), StoreError> {
     }
 }
 
-/// Implements [`Store`] for a Redis store type that has a `records: Records` field, an
-/// `async fn conn(&self)` giving a connection, and an `async fn nodes(&self)` giving a connection to
-/// each server that holds records (one, or each primary of a cluster): the operations are
-/// [`Records`]'.
-macro_rules! redis_store {
-    ($store:ty, $kind:literal) => {
-        #[async_trait::async_trait]
-        impl Store for $store {
-            fn kind(&self) -> &'static str {
-                $kind
-            }
+/// Every operation is one script or command (see the [module documentation](self)), sent on the
+/// connection `C` gives.
+#[async_trait::async_trait]
+impl<C: Connector> Store for Redis<C> {
+    fn kind(&self) -> &'static str {
+        C::KIND
+    }
 
-            async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-                self.records.claim(&mut self.conn().await?, claim).await
-            }
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.records
+            .claim(&mut self.link.conn().await?, claim)
+            .await
+    }
 
-            async fn complete(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-                response: &StoredResponse,
-            ) -> Result<(), StoreError> {
-                let mut conn = self.conn().await?;
-                self.records
-                    .settle(&mut conn, key, token, Some(response))
-                    .await
-            }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.link.conn().await?;
+        self.records
+            .settle(&mut conn, key, token, Some(response))
+            .await
+    }
 
-            async fn release(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-            ) -> Result<(), StoreError> {
-                self.records
-                    .settle(&mut self.conn().await?, key, token, None)
-                    .await
-            }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.records
+            .settle(&mut self.link.conn().await?, key, token, None)
+            .await
+    }
 
-            async fn renew(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-                lease: Duration,
-            ) -> Result<(), StoreError> {
-                let mut conn = self.conn().await?;
-                self.records.renew(&mut conn, key, token, lease).await
-            }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.link.conn().await?;
+        self.records.renew(&mut conn, key, token, lease).await
+    }
 
-            async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
-                self.records.get(&mut self.conn().await?, key).await
-            }
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        self.records.get(&mut self.link.conn().await?, key).await
+    }
 
-            fn subscribe(&self, key: &RecordKey) -> Subscription {
-                self.records.waiters.subscribe(key)
-            }
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.records.waiters.subscribe(key)
+    }
 
-            /// Marks the record watched if it is in flight (`announce.lua`), so that its
-            /// completion or release publishes its tag to every instance; does nothing otherwise.
-            async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-                self.records.announce(&mut self.conn().await?, key).await
-            }
+    /// Marks the record watched if it is in flight (`announce.lua`), so that its
+    /// completion or release publishes its tag to every instance; does nothing otherwise.
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.records
+            .announce(&mut self.link.conn().await?, key)
+            .await
+    }
 
-            async fn forget(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-                state: StateKind,
-            ) -> Result<bool, StoreError> {
-                let mut conn = self.conn().await?;
-                self.records.forget(&mut conn, key, token, state).await
-            }
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.link.conn().await?;
+        self.records.forget(&mut conn, key, token, state).await
+    }
 
-            /// Walks the keys of `scope` with `SCAN MATCH` on each server (see "Operators" in the
-            /// [module documentation](self)), from the start on every call.
-            async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
-                let pattern = self.records.pattern(Some(scope));
-                let budget = batch as u64;
-                let mut erased = 0;
-                for mut node in self.nodes().await? {
-                    if erased >= budget {
-                        break;
-                    }
-                    erased += self
-                        .records
-                        .erase(&mut node, &pattern, budget - erased)
-                        .await?;
-                }
-                Ok(erased)
+    /// Walks the keys of `scope` with `SCAN MATCH` on each server (see "Operators" in the
+    /// [module documentation](self)), from the start on every call.
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let pattern = self.records.pattern(Some(scope));
+        let budget = batch as u64;
+        let mut erased = 0;
+        for mut node in self.link.nodes().await? {
+            if erased >= budget {
+                break;
             }
-
-            /// Reads every record's header on each server; each server's records are judged by
-            /// its own time, and the time returned is the latest of them.
-            async fn list_in_flight(
-                &self,
-                older_than: Duration,
-                limit: usize,
-            ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
-                let mut listed = Vec::new();
-                let mut latest = None;
-                for mut node in self.nodes().await? {
-                    let now = self
-                        .records
-                        .scan_records(&mut node, |now, page| {
-                            listed.extend(
-                                page.into_iter()
-                                    .filter(|(_, r)| {
-                                        matches!(r.state, RecordState::InFlight { .. })
-                                            && !r.is_forgotten(now)
-                                            && r.created_at.until(now) >= older_than
-                                    })
-                                    .map(|(key, record)| Listed { key, record }),
-                            )
-                        })
-                        .await?;
-                    latest = latest.max(Some(now));
-                }
-                listed.sort_by(|a, b| {
-                    (a.record.created_at, &a.key).cmp(&(b.record.created_at, &b.key))
-                });
-                listed.truncate(limit);
-                Ok((listed, latest.ok_or_else(no_server)?))
-            }
-
-            /// Counts every record's header on each server, by [`Stats::count`] at that server's
-            /// time; `now` is the latest of them.
-            async fn stats(&self) -> Result<Stats, StoreError> {
-                let mut total: Option<Stats> = None;
-                for mut node in self.nodes().await? {
-                    let mut counted = None;
-                    let now = self
-                        .records
-                        .scan_records(&mut node, |now, page| {
-                            let part = Stats::count(page.iter().map(|(_, r)| r), now);
-                            counted = Some(add(counted.take(), part));
-                        })
-                        .await?;
-                    let counted = counted.unwrap_or(Stats {
-                        now,
-                        ..Stats::default()
-                    });
-                    total = Some(add(total.take(), counted));
-                }
-                total.ok_or_else(no_server)
-            }
+            erased += self
+                .records
+                .erase(&mut node, &pattern, budget - erased)
+                .await?;
         }
-    };
+        Ok(erased)
+    }
+
+    /// Reads every record's header on each server; each server's records are judged by
+    /// its own time, and the time returned is the latest of them.
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let mut listed = Vec::new();
+        let mut latest = None;
+        for mut node in self.link.nodes().await? {
+            let now = self
+                .records
+                .scan_records(&mut node, |now, page| {
+                    listed.extend(
+                        page.into_iter()
+                            .filter(|(_, r)| {
+                                matches!(r.state, RecordState::InFlight { .. })
+                                    && !r.is_forgotten(now)
+                                    && r.created_at.until(now) >= older_than
+                            })
+                            .map(|(key, record)| Listed { key, record }),
+                    )
+                })
+                .await?;
+            latest = latest.max(Some(now));
+        }
+        listed.sort_by(|a, b| (a.record.created_at, &a.key).cmp(&(b.record.created_at, &b.key)));
+        listed.truncate(limit);
+        Ok((listed, latest.ok_or_else(no_server)?))
+    }
+
+    /// Counts every record's header on each server, by [`Stats::count`] at that server's
+    /// time; `now` is the latest of them.
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut total: Option<Stats> = None;
+        for mut node in self.link.nodes().await? {
+            let mut counted = None;
+            let now = self
+                .records
+                .scan_records(&mut node, |now, page| {
+                    let part = Stats::count(page.iter().map(|(_, r)| r), now);
+                    counted = Some(add(counted.take(), part));
+                })
+                .await?;
+            let counted = counted.unwrap_or(Stats {
+                now,
+                ..Stats::default()
+            });
+            total = Some(add(total.take(), counted));
+        }
+        total.ok_or_else(no_server)
+    }
 }
 
 /// No server answered for the records (a cluster without a primary serving slots).
@@ -1248,14 +1291,11 @@ fn add(a: Option<Stats>, b: Stats) -> Stats {
     }
 }
 
-redis_store!(RedisStore, "redis");
-
-// After the macro, which it uses.
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 #[cfg(feature = "redis-cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-pub use cluster::RedisClusterStore;
+pub use cluster::{Cluster, RedisClusterStore};
 
 /// `settle.lua` and `renew.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
 /// record at all).
@@ -1270,14 +1310,15 @@ fn applied_or_fenced(reply: i64) -> Result<(), StoreError> {
 }
 
 #[async_trait::async_trait]
-impl Purge for RedisStore {
+impl Purge for Redis<Server> {
     /// Deletes at most `batch` records past retention at the store's time, continuing one `SCAN` pass over the
     /// store's keys across calls. A call stops at the end of the pass or after 64 `SCAN` steps, and
     /// may then return fewer than `batch`, which ends a [`Sweeper`](crate::sweeper::Sweeper) sweep; the
     /// next sweep continues the pass. See the [module documentation](self).
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.link.conn().await?;
         let cursor = *self
+            .link
             .scan_cursor
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -1286,6 +1327,7 @@ impl Purge for RedisStore {
             .purge(&mut conn, cursor, batch as u64, SCAN_STEPS_PER_CALL)
             .await?;
         *self
+            .link
             .scan_cursor
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = cursor.unwrap_or(0);
