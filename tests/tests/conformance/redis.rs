@@ -680,6 +680,36 @@ mod redis_only {
             .is_some());
     }
 
+    /// An operator's forget or erase on instance A wakes a waiter on instance B that announced
+    /// itself, as a completion does: B re-reads and finds the key free.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forget_and_erase_wake_waiters_on_another_instance() {
+        use idem_runtime::store::StateKind;
+        let backend = redis().await;
+        let (a, b) = (backend.store().await, backend.store().await);
+        let scope = format!("wake-{}", uuid::Uuid::new_v4());
+        for erase in [false, true] {
+            let key = RecordKey::new(scope.clone(), format!("k-{erase}"));
+            let claim = fresh_claim(&key);
+            a.claim(&claim).await.expect("claim");
+            let mut woken = b.subscribe(&key);
+            b.announce_waiter(&key).await.expect("announce");
+            if erase {
+                assert_eq!(a.erase_scope(&scope, 100).await.expect("erase"), 1);
+            } else {
+                assert!(a
+                    .forget(&key, claim.token, StateKind::InFlight)
+                    .await
+                    .expect("forget"));
+            }
+            tokio::time::timeout(GENEROUS, woken.changed())
+                .await
+                .expect("b was woken by a's forget or erase");
+            assert!(b.get(&key).await.expect("get").is_none(), "the key is free");
+        }
+    }
+
     /// The server's time, in ms, as `TIME` reads it.
     async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> Timestamp {
         let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("time");
