@@ -1,9 +1,8 @@
 //! Counting what reaches a store: a [`Store`] wrapper that counts calls, and a TCP proxy that counts
 //! round trips (and, for PostgreSQL, sqlx's release pings) on the wire.
 
-use idem_runtime::clock::Timestamp;
-use idem_runtime::store::{Claim, ClaimOutcome, Store, StoreError, Subscription};
-use idem_runtime::{FencingToken, Record, RecordKey, StoredResponse};
+use idem_runtime::store::{Claim, ClaimOutcome, Found, Store, StoreError, Subscription};
+use idem_runtime::{FencingToken, RecordKey, StoredResponse};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -51,14 +50,14 @@ impl Store for CountingStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: std::time::Duration,
     ) -> Result<(), StoreError> {
         self.calls.renew.fetch_add(1, Relaxed);
-        self.inner.renew(key, token, lease_until).await
+        self.inner.renew(key, token, lease).await
     }
-    async fn get(&self, key: &RecordKey, now: Timestamp) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
         self.calls.get.fetch_add(1, Relaxed);
-        self.inner.get(key, now).await
+        self.inner.get(key).await
     }
     fn subscribe(&self, key: &RecordKey) -> Subscription {
         self.calls.subscribe.fetch_add(1, Relaxed);

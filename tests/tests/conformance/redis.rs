@@ -76,10 +76,13 @@ mod redis_only {
     use super::redis;
     use futures_util::StreamExt;
 
+    use idem_runtime::clock::Timestamp;
     use idem_runtime::store::redis::RedisStore;
     use idem_runtime::store::{Claim, ClaimOutcome, Claimed, Found, Purge};
     use idem_runtime::sweeper::Sweeper;
-    use idem_runtime::{Begin, Engine, FencingToken, RecordKey, Rejection, Store, StoreErrorKind};
+    use idem_runtime::{
+        Begin, Engine, FencingToken, RecordKey, RecordState, Rejection, Store, StoreErrorKind,
+    };
     use idem_tests::conformance::{fp, fresh_key, policy, response, Harness, T0};
     use idem_tests::proxy::Proxy;
     use std::sync::Arc;
@@ -318,11 +321,11 @@ mod redis_only {
         }
     }
 
-    /// A replay, a mismatch and a fresh claim are each one plain `SET … NX GET`; a new request adds
-    /// one script, the completion.
+    /// A replay, a mismatch and a fresh claim are each one script (`claim.lua`, which reads the
+    /// server's time and decides in the same step); a new request adds one script, the completion.
     #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_replay_is_one_plain_command() {
+    async fn a_replay_is_one_script() {
         let backend = redis().await;
         let proxy = Proxy::redis(&backend.url).await;
         let store = RedisStore::builder(proxy.url())
@@ -349,7 +352,7 @@ mod redis_only {
             Ok(Begin::Replay(replay)) => assert_eq!(replay.response, response("a")),
             other => panic!("expected Replay, got {other:?}"),
         }
-        assert_eq!(sent_since(before), ["SET"], "a replay is one SET NX GET");
+        assert_eq!(sent_since(before), ["EVALSHA"], "a replay is one script");
 
         let before = proxy.commands().len();
         let mismatch = h.engine.begin(key, fp("b"), &policy()).await;
@@ -361,7 +364,7 @@ mod redis_only {
         let Ok(Begin::Execute(guard)) = fresh else {
             panic!("expected Execute, got {fresh:?}");
         };
-        assert_eq!(sent_since(before), ["SET", "SET"]);
+        assert_eq!(sent_since(before), ["EVALSHA", "EVALSHA"]);
         let before = proxy.commands().len();
         guard.complete(&response("b")).await.expect("complete");
         assert_eq!(sent_since(before), ["EVALSHA"], "the completion script");
@@ -675,6 +678,91 @@ mod redis_only {
             .map(|found| found.map(|f| f.record))
             .expect("get")
             .is_some());
+    }
+
+    /// An operator's forget or erase on instance A wakes a waiter on instance B that announced
+    /// itself, as a completion does: B re-reads and finds the key free.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forget_and_erase_wake_waiters_on_another_instance() {
+        use idem_runtime::store::StateKind;
+        let backend = redis().await;
+        let (a, b) = (backend.store().await, backend.store().await);
+        let scope = format!("wake-{}", uuid::Uuid::new_v4());
+        for erase in [false, true] {
+            let key = RecordKey::new(scope.clone(), format!("k-{erase}"));
+            let claim = fresh_claim(&key);
+            a.claim(&claim).await.expect("claim");
+            let mut woken = b.subscribe(&key);
+            b.announce_waiter(&key).await.expect("announce");
+            if erase {
+                assert_eq!(a.erase_scope(&scope, 100).await.expect("erase"), 1);
+            } else {
+                assert!(a
+                    .forget(&key, claim.token, StateKind::InFlight)
+                    .await
+                    .expect("forget"));
+            }
+            tokio::time::timeout(GENEROUS, woken.changed())
+                .await
+                .expect("b was woken by a's forget or erase");
+            assert!(b.get(&key).await.expect("get").is_none(), "the key is free");
+        }
+    }
+
+    /// The server's time, in ms, as `TIME` reads it.
+    async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> Timestamp {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("time");
+        Timestamp::from_millis(secs * 1000 + micros / 1000)
+    }
+
+    /// Without a clock of its own the store judges by the server's `TIME`: a claim's instants are
+    /// the server's, a read carries the server's time, and a renewal counts from it. Two instances
+    /// share nothing but the server, so nothing can come from theirs.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_a_clock_the_servers_time_decides() {
+        let backend = redis().await;
+        let (a, b) = (
+            backend.builder().connect().await.expect("connect"),
+            backend.builder().connect().await.expect("connect"),
+        );
+        let mut conn = raw(&backend).await;
+        let key = fresh_key();
+        let claim = fresh_claim(&key);
+        let before = server_time(&mut conn).await;
+        let ClaimOutcome::Claimed(claimed) = a.claim(&claim).await.expect("claim") else {
+            panic!("a new key is claimed");
+        };
+        let after = server_time(&mut conn).await;
+        assert!(
+            before <= claimed.created_at && claimed.created_at <= after,
+            "{before:?} <= {:?} <= {after:?}",
+            claimed.created_at
+        );
+        assert_eq!(claimed.expires_at, claimed.created_at + claim.ttl);
+        let found = b.get(&key).await.expect("get").expect("the record");
+        assert!(found.now >= claimed.created_at && found.now <= server_time(&mut conn).await);
+        assert_eq!(found.record.retain_until, claimed.created_at + claim.retain);
+        let RecordState::InFlight { lease_until } = found.record.state else {
+            panic!("in flight");
+        };
+        assert_eq!(lease_until, claimed.created_at + claim.lease);
+        // Another instance's claim finds it held: nobody's lease ran out on the server's clock.
+        let other = fresh_claim(&key);
+        assert!(matches!(
+            b.claim(&other).await.expect("claim"),
+            ClaimOutcome::Existing(Found { .. })
+        ));
+        a.renew(&key, claim.token, Duration::from_secs(90))
+            .await
+            .expect("renew");
+        let renewed = b.get(&key).await.expect("get").expect("the record");
+        let RecordState::InFlight { lease_until } = renewed.record.state else {
+            panic!("in flight");
+        };
+        assert!(lease_until >= found.now + Duration::from_secs(90));
+        assert!(lease_until <= renewed.now + Duration::from_secs(90));
     }
 
     fn fresh_claim(key: &idem_runtime::RecordKey) -> Claim<'_> {

@@ -23,10 +23,11 @@
 //! Integers are big-endian, times signed. The fields the scripts read (state, watched, token, retain)
 //! sit at fixed offsets, so a script checks a claim or a retention by slicing, without decoding the
 //! rest; `settle.lua` turns an in-flight record into a completed one by changing the state byte and
-//! appending a [`Response`]. A change to the layout must change the version: the decoder refuses
-//! every other version as corrupt, and so do the scripts.
+//! appending a [`Response`], or into a released one by changing the state byte alone, and
+//! `claim.lua` writes a fresh header or a taken-over one. A change to the layout must change the
+//! version: the decoder refuses every other version as corrupt, and so do the scripts.
 
-use super::super::{Stamped, StoreError};
+use super::super::{StateKind, StoreError};
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordState, StoredResponse};
@@ -52,7 +53,9 @@ const RETAIN: usize = 27;
 const LEASE: usize = 35;
 const FINGERPRINT: usize = 43;
 
-/// `record` as stored, not watched. A completed record's lease field is 0.
+/// `record` as stored, not watched. A completed record's lease field is 0. (The scripts write
+/// records; this is for the tests and the fuzz targets.)
+#[cfg(any(test, fuzzing))]
 pub(super) fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
     match &record.state {
         RecordState::InFlight { lease_until } => {
@@ -70,12 +73,7 @@ pub(super) fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
     }
 }
 
-/// The fresh in-flight record `claim` inserts, not watched: a header alone, kept on the stack (the
-/// claim sends it with every attempt).
-pub(super) fn fresh(claim: &Stamped<'_>) -> [u8; HEADER_LEN] {
-    header(&claim.record(), IN_FLIGHT, claim.lease_until)
-}
-
+#[cfg(any(test, fuzzing))]
 fn header(record: &Record, state: u8, lease: Timestamp) -> [u8; HEADER_LEN] {
     let mut out = [0u8; HEADER_LEN];
     out[0] = VERSION;
@@ -98,12 +96,12 @@ pub(super) fn token(token: FencingToken) -> [u8; 8] {
     token.0.to_be_bytes()
 }
 
-/// The state byte, as the claim's conditional replace compares it.
-pub(super) fn state(record: &Record) -> &'static [u8] {
-    match record.state {
-        RecordState::InFlight { .. } => &[IN_FLIGHT],
-        RecordState::Completed { .. } => &[DONE],
-        RecordState::Released => &[RELEASED],
+/// The state byte of a record of kind `state`, as `forget.lua` compares it.
+pub(super) fn state(state: StateKind) -> &'static [u8] {
+    match state {
+        StateKind::InFlight => &[IN_FLIGHT],
+        StateKind::Completed => &[DONE],
+        StateKind::Released => &[RELEASED],
     }
 }
 
@@ -232,6 +230,26 @@ pub(super) fn decode(blob: Vec<u8>) -> Result<Record, StoreError> {
     })
 }
 
+/// Decodes a record from its header alone (what `peek.lua` returns), for listings and counts: a
+/// completed record's response is not read, and comes back empty (status 0, no headers, no body).
+pub(super) fn summary(header: Vec<u8>) -> Result<Record, StoreError> {
+    if header.len() != HEADER_LEN || header[STATE] != DONE {
+        return decode(header);
+    }
+    let mut released = header;
+    released[STATE] = RELEASED;
+    Ok(Record {
+        state: RecordState::Completed {
+            response: StoredResponse {
+                status: 0,
+                headers: Vec::new(),
+                body: Bytes::new(),
+            },
+        },
+        ..decode(released)?
+    })
+}
+
 /// What follows a completed record's header, up to its body.
 struct Tail {
     status: u16,
@@ -357,7 +375,7 @@ mod tests {
         let value = encode(&in_flight).expect("encodes");
         assert_eq!(value.len(), HEADER_LEN);
         assert_eq!(value[0], VERSION);
-        assert_eq!(&value[1..2], state(&in_flight));
+        assert_eq!(&value[1..2], state(StateKind::InFlight));
         assert_eq!(&value[1..2], b"F");
         assert_eq!(value[2], 0, "not watched");
         assert_eq!(value[3..11], token(in_flight.token));
@@ -374,6 +392,7 @@ mod tests {
         assert_eq!(arg.len(), 1, "one argument");
         assert_eq!(arg[0].len(), tail.len());
         done.extend_from_slice(&arg[0]);
+        let done_header = done[..HEADER_LEN].to_vec();
         let decoded = decode(done).expect("a completed record");
         assert_eq!(
             decoded,
@@ -384,7 +403,19 @@ mod tests {
                 ..in_flight
             }
         );
-        assert_eq!(state(&decoded), b"D");
+        assert_eq!(state(StateKind::of(&decoded.state)), b"D");
+        assert_eq!(
+            summary(done_header).expect("a header").state,
+            RecordState::Completed {
+                response: StoredResponse {
+                    status: 0,
+                    headers: vec![],
+                    body: Bytes::new()
+                }
+            },
+            "a completed record's header alone"
+        );
+        assert_eq!(summary(value.clone()).expect("in flight"), in_flight);
     }
 
     #[test]
@@ -462,6 +493,7 @@ mod tests {
                 lease_until: Timestamp::from_millis(ms)
             }),
             response.prop_map(|response| RecordState::Completed { response }),
+            Just(RecordState::Released),
         ];
         (any::<[u8; 32]>(), any::<i64>(), any::<[i64; 3]>(), state).prop_map(
             |(fp, token, [c, e, r], state)| Record {

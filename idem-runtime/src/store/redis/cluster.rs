@@ -2,11 +2,9 @@
 //! scripts (`Records`), sent through the redis crate's cluster client.
 
 use super::{
-    channel_name, redis_error, runtime_present, subscribe, warn_if_evicting, Claim, ClaimOutcome,
-    Found, Purge, Records, RedisStoreBuilder, Store, StoreError, Subscriber, Subscription,
-    SCAN_STEPS_PER_CALL,
+    channel_name, redis_error, runtime_present, subscribe, warn_if_evicting, Connector, Purge,
+    Redis, RedisStoreBuilder, StoreError, SCAN_STEPS_PER_CALL,
 };
-use crate::record::{FencingToken, RecordKey, StoredResponse};
 use ::redis::aio::ConnectionLike;
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
@@ -16,7 +14,6 @@ use ::redis::{
 };
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
 use tokio::sync::OnceCell;
 
 /// How many times the cluster client resends a command after a redirection (`MOVED`, `ASK`), a
@@ -26,8 +23,8 @@ use tokio::sync::OnceCell;
 const RETRIES: u32 = 3;
 const RETRY_WAIT_MS: (u64, u64) = (50, 400);
 
-/// A [`Store`] on a Redis (or Valkey) Cluster, shared by every instance of a service that uses the
-/// same cluster and prefix.
+/// A [`Store`](crate::Store) on a Redis (or Valkey) Cluster, shared by every instance of a service
+/// that uses the same cluster and prefix.
 ///
 /// Records, commands and scripts are [`RedisStore`](super::RedisStore)'s (see the [module
 /// documentation](super) for the layout and what each operation costs): every key of a record is
@@ -72,22 +69,57 @@ const RETRY_WAIT_MS: (u64, u64) = (50, 400);
 /// # Ok(())
 /// # }
 /// ```
-pub struct RedisClusterStore {
+pub type RedisClusterStore = Redis<Cluster>;
+
+/// How a [`Redis`] store reaches a cluster: the redis crate's cluster client, connected on first
+/// use, which routes each command by its key.
+pub struct Cluster {
     seeds: Vec<String>,
     client: ClusterClient,
     conn: OnceCell<ClusterConnection>,
-    records: Records,
     /// The primary the purge pass is on (`host:port`; empty: start a new pass) and its cursor there.
     purge_at: Mutex<(String, u64)>,
-    subscriber: Subscriber,
+}
+
+impl Connector for Cluster {
+    type Conn = ClusterConnection;
+    type Node = OnNode;
+    const KIND: &'static str = "redis-cluster";
+
+    async fn conn(&self) -> Result<ClusterConnection, StoreError> {
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        Box::pin(
+            self.conn
+                .get_or_try_init(|| self.client.get_async_connection()),
+        )
+        .await
+        .cloned()
+        .map_err(StoreError::unavailable)
+    }
+
+    /// A connection to each primary that serves slots.
+    async fn nodes(&self) -> Result<Vec<OnNode>, StoreError> {
+        let mut conn = self.conn().await?;
+        let primaries = primaries(&mut conn).await?;
+        Ok(primaries
+            .into_iter()
+            .map(|(_, (host, port))| OnNode {
+                conn: conn.clone(),
+                host,
+                port,
+            })
+            .collect())
+    }
 }
 
 impl fmt::Debug for RedisClusterStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisClusterStore")
-            .field("seeds", &self.seeds.len())
+            .field("seeds", &self.link.seeds.len())
             .field("prefix", &self.records.prefix)
-            .field("connected", &self.conn.initialized())
+            .field("connected", &self.link.conn.initialized())
             .field("subscribed", &self.is_subscribed())
             .finish_non_exhaustive()
     }
@@ -149,18 +181,20 @@ impl RedisStoreBuilder<RedisClusterStore> {
         pubsub: Option<::redis::aio::PubSub>,
     ) -> RedisResult<RedisClusterStore> {
         let records = self.records()?;
-        Ok(RedisClusterStore {
+        Ok(Redis {
             subscriber: self.subscriber(&records, seeds, pubsub),
-            seeds: self.nodes,
-            client,
-            conn: OnceCell::new_with(conn),
+            link: Cluster {
+                seeds: self.nodes,
+                client,
+                conn: OnceCell::new_with(conn),
+                purge_at: Mutex::new((String::new(), 0)),
+            },
             records,
-            purge_at: Mutex::new((String::new(), 0)),
         })
     }
 }
 
-impl RedisClusterStore {
+impl Redis<Cluster> {
     /// Connects to the cluster that `seeds` belong to (`redis://[user:password@]host:port` each; the
     /// other nodes are discovered) with the default settings and the prefix `"idem"`. Same as
     /// `RedisClusterStore::builder(seeds).connect()`.
@@ -175,54 +209,18 @@ impl RedisClusterStore {
     ) -> RedisStoreBuilder<RedisClusterStore> {
         RedisStoreBuilder::new(seeds.into_iter().map(Into::into).collect())
     }
-
-    /// The prefix of this store's keys and channel.
-    pub fn prefix(&self) -> &str {
-        &self.records.prefix
-    }
-
-    /// Whether this store is subscribed, right now, to the completions other instances publish; see
-    /// [`RedisStore::is_subscribed`](super::RedisStore::is_subscribed).
-    pub fn is_subscribed(&self) -> bool {
-        self.subscriber.is_subscribed()
-    }
-
-    /// Resolves once [`is_subscribed`](Self::is_subscribed) equals `subscribed`.
-    pub async fn subscription_is(&self, subscribed: bool) {
-        self.subscriber.wait_for(subscribed).await
-    }
-
-    /// The Redis key of `key`'s record: `<prefix>:{<tag>}`.
-    pub fn redis_key(&self, key: &RecordKey) -> String {
-        self.records.redis_key(key)
-    }
-
-    async fn conn(&self) -> Result<ClusterConnection, StoreError> {
-        if let Some(conn) = self.conn.get() {
-            return Ok(conn.clone());
-        }
-        Box::pin(
-            self.conn
-                .get_or_try_init(|| self.client.get_async_connection()),
-        )
-        .await
-        .cloned()
-        .map_err(StoreError::unavailable)
-    }
 }
 
-redis_store!(RedisClusterStore, "redis-cluster");
-
 #[async_trait::async_trait]
-impl Purge for RedisClusterStore {
-    /// Deletes at most `batch` records past retention at `now`, continuing one pass over every
+impl Purge for Redis<Cluster> {
+    /// Deletes at most `batch` records past retention at each primary's time, continuing one pass over every
     /// primary's keys across calls (as [`RedisStore`](super::RedisStore) does over one server's);
     /// a call stops at the end of the pass or after 64 `SCAN` steps in all.
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let now = self.records.now();
-        let mut conn = self.conn().await?;
+        let mut conn = self.link.conn().await?;
         let primaries = primaries(&mut conn).await?;
         let (node, mut cursor) = self
+            .link
             .purge_at
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -238,13 +236,13 @@ impl Purge for RedisClusterStore {
         let (budget, mut deleted, mut steps) = (batch as u64, 0, SCAN_STEPS_PER_CALL);
         while let Some((_, (host, port))) = primaries.get(at) {
             let mut on_node = OnNode {
-                conn: &mut conn,
-                host,
+                conn: conn.clone(),
+                host: host.clone(),
                 port: *port,
             };
             let (purged, next, left) = self
                 .records
-                .purge(&mut on_node, cursor, now, budget - deleted, steps)
+                .purge(&mut on_node, cursor, budget - deleted, steps)
                 .await?;
             (deleted, cursor, steps) = (deleted + purged, next.unwrap_or(0), left);
             if next.is_none() {
@@ -255,8 +253,11 @@ impl Purge for RedisClusterStore {
             }
         }
         let node = primaries.get(at).map(|(address, _)| address.clone());
-        *self.purge_at.lock().unwrap_or_else(PoisonError::into_inner) =
-            (node.unwrap_or_default(), cursor);
+        *self
+            .link
+            .purge_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (node.unwrap_or_default(), cursor);
         Ok(deleted)
     }
 }
@@ -292,24 +293,24 @@ async fn primaries(
     Ok(primaries)
 }
 
-/// A cluster connection that sends every command to one node, so that the single-server purge
-/// pass runs on each primary.
-struct OnNode<'a> {
-    conn: &'a mut ClusterConnection,
-    host: &'a str,
+/// A cluster connection that sends every command to one node, so that the single-server passes
+/// (purge, erase, listing, counts) run on each primary.
+pub struct OnNode {
+    conn: ClusterConnection,
+    host: String,
     port: u16,
 }
 
-impl OnNode<'_> {
+impl OnNode {
     fn route(&self) -> SingleNodeRoutingInfo {
         SingleNodeRoutingInfo::ByAddress {
-            host: self.host.to_owned(),
+            host: self.host.clone(),
             port: self.port,
         }
     }
 }
 
-impl ConnectionLike for OnNode<'_> {
+impl ConnectionLike for OnNode {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let route = RoutingInfo::SingleNode(self.route());
         Box::pin(self.conn.route_command(cmd, route))

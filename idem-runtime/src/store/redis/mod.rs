@@ -13,48 +13,70 @@
 //! layout before this one, are reported as corrupt and never overwritten.
 //!
 //! # Operations
-//! The common paths are plain commands; only conditional writes are Lua scripts (sent as `EVALSHA`,
-//! and loaded when the server answers `NOSCRIPT`; the scripts, with their KEYS, ARGV and replies
-//! documented at the top, live next to this file). Every command is built at its final size, and keys
-//! and responses are written straight into it: at high concurrency the client's allocations, not
-//! the round trips, are what separates the store from plain commands.
+//! Every operation on a record is one Lua script on the record's one key (sent as `EVALSHA`, and
+//! loaded when the server answers `NOSCRIPT`; the scripts, with their KEYS, ARGV and replies
+//! documented at the top, live next to this file). Every command is built at its final size, and
+//! keys and responses are written straight into it: at high concurrency the client's allocations,
+//! not the round trips, are what separates the store from plain commands.
 //!
-//! - **claim** is `SET key <in-flight record> NX GET PX <retain_until - now>`: a nil reply means the
-//!   key was free and is now claimed; otherwise Redis returned the existing record in the same atomic
-//!   step, untouched, so a replay (or a mismatch, or "in flight") costs this one plain command. Only
-//!   when that record is past retention by the engine's clock, or may be taken over (its lease ran
-//!   out), does the claim run `replace.lua`, which overwrites it if it is still the record decoded (same
-//!   token and state); if another request changed it meanwhile, the claim starts over (a few times at
-//!   most).
+//! - **claim** is `claim.lua`: it reads the server's time and the record, and applies
+//!   [`Claim::decide`] in the same step: writes a fresh in-flight record (with the key's TTL set to
+//!   the retention), takes over or resumes the record (new token and lease, its times and TTL
+//!   kept), or returns the record untouched, so a replay (or a mismatch, or "in flight") costs this
+//!   one script.
 //! - **complete** and **release** are `settle.lua`: it checks the token and the in-flight state,
-//!   then appends the response to the header (keeping the TTL) or deletes the key, and `PUBLISH`es
-//!   the record's tag on `<prefix>:done` only if the record is watched.
-//! - **renew** is `renew.lua`: the same check, then the lease field is overwritten in place
-//!   (`SETRANGE`, which keeps the TTL).
+//!   then appends the response to the header or turns the state byte to "released" (both keep the
+//!   TTL and the record's times), and `PUBLISH`es the record's tag on `<prefix>:done` only if the
+//!   record is watched.
+//! - **renew** is `renew.lua`: the same check, then the lease field becomes the server's time plus
+//!   the lease, overwritten in place (`SETRANGE`, which keeps the TTL).
 //! - **announce_waiter** is `announce.lua`: sets the `watched` flag of an in-flight record, so that
 //!   its completion publishes. See "Waking waiters across instances".
-//! - **get** is one `GET`.
+//! - **get** is `get.lua`: the value and the server's time of the read.
 //!
-//! The claim needs Redis 7.0 or later (`SET` with both `NX` and `GET`); an older server refuses it
-//! with a syntax error, reported as unavailable.
+//! The scripts need Redis 7.0 or later (Valkey 7.2 or later), which replicates a script's effects
+//! rather than the script, so that a script may read `TIME` and then write.
 //!
-//! Every time is the engine's clock, passed in; Redis's clock is never compared with it.
+//! # Time is the server's
+//! Every instant is set and judged by the Redis server's clock, read with `TIME` inside the script
+//! that decides (see "Time is the store's" in [`crate::store`]): the engine sends durations, and
+//! reads instants back with the server's time of the read. On a cluster each primary judges the
+//! records it holds by its own clock; a record lives on one primary (and its replica, which takes
+//! the primary's clock's place on failover: keep the nodes' clocks synchronised). A store given a
+//! clock ([`RedisStoreBuilder::clock`]) passes that clock's time to the scripts instead, which is
+//! how tests move time.
 //!
 //! # Expiry
-//! A fresh claim sets the key's TTL to `retain_until - now`, so Redis deletes the record by itself
-//! when retention ends. Between `expires_at` and `retain_until` the record is a tombstone the engine
-//! answers "expired" from. Records past retention by the caller's clock count as absent whether or not
-//! Redis has deleted them yet (claim replaces them, get hides them).
+//! A fresh claim sets the key's TTL to the retention, so Redis deletes the record by itself when
+//! retention ends. Between `expires_at` and `retain_until` the record is a tombstone the engine
+//! answers "expired" from. Records past retention by the server's time count as absent whether or
+//! not Redis has deleted them yet (claim replaces them, get hides them).
 //!
-//! [`Purge`] is therefore rarely needed with Redis: it exists for when the engine's clock runs ahead of
-//! the TTL Redis applied (tests on a manual clock, a clock that jumped). It walks the store's keys with
-//! `SCAN MATCH <prefix>:{*` and deletes, one script per record (`purge.lua`, which reads
-//! `retain_until` from the record's header), those whose `retain_until` has passed,
-//! at most a batch per call; consecutive calls continue one pass over the keyspace. That costs a scan
-//! of the database per sweep, in exchange for nothing on the request path: an index such as a sorted
-//! set by `retain_until` would cost a write on every claim and, being one key, would live in another
-//! Cluster slot than the records, so the claim could no longer be one single-key command. If you run
-//! the [`Sweeper`](crate::sweeper::Sweeper) against Redis at all, give it a long interval.
+//! [`Purge`] is therefore rarely needed with Redis: it exists for when the TTL Redis applied and the
+//! records' `retain_until` disagree (tests on a manual clock, a server clock that jumped). It walks
+//! the store's keys with `SCAN MATCH <prefix>:{*` and deletes, one script per record (`purge.lua`,
+//! which reads `retain_until` from the record's header and the time from the server), those whose
+//! `retain_until` has passed, at most a batch per call; consecutive calls continue one pass over
+//! the keyspace. That costs a scan of the database per sweep, in exchange for nothing on the
+//! request path: an index such as a sorted set by `retain_until` would cost a write on every claim
+//! and, being one key, would live in another Cluster slot than the records, so the claim could no
+//! longer be one single-key script. If you run the [`Sweeper`](crate::sweeper::Sweeper) against
+//! Redis at all, give it a long interval.
+//!
+//! # Operators
+//! [`Store::forget`] is one script on the record's key (`forget.lua`: deleted only if it still has
+//! the token and state it was read with). The operations over many records walk the keyspace of
+//! every server that holds records (each primary of a cluster) with `SCAN`, one pipelined script per
+//! key found: [`Store::erase_scope`] with `SCAN MATCH <prefix>:{<n>:<scope>:*` (the tag begins with
+//! the scope's length and the scope, so the pattern matches that scope's keys and no other's) and
+//! `erase.lua`; [`Store::list_in_flight`] and [`Store::stats`] with `peek.lua`, which reads each
+//! record's header (a completed record's response is not read). There is no per-scope index: a set
+//! per scope would be another key, in another hash slot than the scope's records (each record's
+//! hash tag is its own key, so that records spread over a cluster), so keeping it in step with the
+//! records would take a second command on every claim and purge, and could never be atomic with
+//! them on a cluster; a scope's own hash tag would put a large tenant's records all on one node.
+//! These are rare operator calls, so they pay a scan of the keyspace instead of every request
+//! paying an index. Erased and forgotten records wake their waiters as completions do.
 //!
 //! # Waking waiters across instances
 //! Each store keeps one pub/sub connection, subscribed to `<prefix>:done` by a background task that
@@ -94,8 +116,11 @@
 //!
 //! [hash tag]: https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags
 
-use super::{Claim, ClaimOutcome, Found, Purge, Stamped, Store, StoreError, Subscription, Waiters};
-use crate::clock::{Clock, SystemClock, Timestamp};
+use super::{
+    Claim, ClaimOutcome, Claimed, Found, Listed, Purge, StateKind, Stats, Store, StoreError,
+    Subscription, Waiters,
+};
+use crate::clock::{Clock, Timestamp};
 use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
 use ::redis::{
@@ -104,6 +129,7 @@ use ::redis::{
 };
 use futures_util::StreamExt;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -111,11 +137,13 @@ use tokio::sync::{watch, OnceCell};
 use tokio::task::AbortHandle;
 
 mod blob;
+mod keys;
+mod listen;
+mod records;
 
-/// How often a claim looks again when the record it found changed before its conditional replace
-/// could apply. Each retry means another request changed the key in between, so a few suffice; the
-/// bound only guards against a pathological loop.
-const MAX_CLAIM_ATTEMPTS: usize = 16;
+use keys::*;
+use listen::*;
+use records::*;
 
 /// The longest TTL set on a record (100 years): Redis refuses expiry times that overflow its clock.
 const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
@@ -127,14 +155,19 @@ const SCAN_COUNT: usize = 256;
 /// continues where it stopped.
 const SCAN_STEPS_PER_CALL: usize = 64;
 
-/// How often the pub/sub connection is pinged to detect a connection that died silently.
-const PING_EVERY: Duration = Duration::from_secs(15);
+/// A [`Store`] on Redis, reached through `C`: one server ([`RedisStore`]) or a cluster
+/// (`RedisClusterStore`). Records, commands and scripts are the same for both; only how a command
+/// reaches its server, and which servers hold records, differ.
+///
+/// See the [module documentation](self) for the layout, the scripts and what each operation costs.
+pub struct Redis<C: Connector> {
+    link: C,
+    records: Records,
+    subscriber: Subscriber,
+}
 
-/// The pub/sub task's reconnection backoff.
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// A [`Store`] on Redis, shared by every instance of a service that uses the same server and prefix.
+/// A [`Store`] on one Redis server, shared by every instance of a service that uses the same server
+/// and prefix.
 ///
 /// See the [module documentation](self) for the layout, the scripts and what each operation costs.
 ///
@@ -150,22 +183,75 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// # Ok(())
 /// # }
 /// ```
-pub struct RedisStore {
+pub type RedisStore = Redis<Server>;
+
+/// How a [`Redis`] store reaches one server: a connection manager, connected on first use.
+pub struct Server {
     client: Client,
     config: ConnectionManagerConfig,
     conn: OnceCell<ConnectionManager>,
-    records: Records,
     /// Where the current purge pass over the keyspace stands (0: start a new pass).
     scan_cursor: Mutex<u64>,
-    subscriber: Subscriber,
+}
+
+/// How a [`Redis`] store reaches the servers that hold its records: [`Server`] or, with the
+/// `redis-cluster` feature, `Cluster`. Implemented in this crate only.
+pub trait Connector: sealed::Sealed + Send + Sync + 'static {
+    /// A connection that sends each command to the server of its key.
+    #[doc(hidden)]
+    type Conn: ConnectionLike + Send;
+    /// A connection to one server that holds records.
+    #[doc(hidden)]
+    type Node: ConnectionLike + Send;
+    /// The `store` label of idem's metrics.
+    #[doc(hidden)]
+    const KIND: &'static str;
+    /// A connection, connecting first if needed.
+    #[doc(hidden)]
+    fn conn(&self) -> impl Future<Output = Result<Self::Conn, StoreError>> + Send;
+    /// A connection to each server that holds records, for the operations that walk them all.
+    #[doc(hidden)]
+    fn nodes(&self) -> impl Future<Output = Result<Vec<Self::Node>, StoreError>> + Send;
+}
+
+mod sealed {
+    /// Keeps [`Connector`](super::Connector) to this crate.
+    pub trait Sealed {}
+    impl Sealed for super::Server {}
+    #[cfg(feature = "redis-cluster")]
+    impl Sealed for super::Cluster {}
+}
+
+impl Connector for Server {
+    type Conn = ConnectionManager;
+    type Node = ConnectionManager;
+    const KIND: &'static str = "redis";
+
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        // Boxed: connecting is a large future, and inlined it would make every operation's
+        // future (which the store trait boxes and moves) kilobytes larger.
+        Box::pin(self.conn.get_or_try_init(|| {
+            ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
+        }))
+        .await
+        .cloned()
+        .map_err(StoreError::unavailable)
+    }
+
+    async fn nodes(&self) -> Result<Vec<ConnectionManager>, StoreError> {
+        Ok(vec![self.conn().await?])
+    }
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("server", &self.client.get_connection_info().addr)
+            .field("server", &self.link.client.get_connection_info().addr)
             .field("prefix", &self.records.prefix)
-            .field("connected", &self.conn.initialized())
+            .field("connected", &self.link.conn.initialized())
             .field("subscribed", &self.is_subscribed())
             .finish_non_exhaustive()
     }
@@ -181,7 +267,7 @@ pub struct RedisStoreBuilder<S = RedisStore> {
     response_timeout: Duration,
     reconnect_retries: usize,
     durability: Option<Durability>,
-    clock: Arc<dyn Clock>,
+    clock: Option<Arc<dyn Clock>>,
     store: PhantomData<fn() -> S>,
 }
 
@@ -214,15 +300,18 @@ impl<S> RedisStoreBuilder<S> {
             response_timeout: Duration::from_secs(2),
             reconnect_retries: 0,
             durability: None,
-            clock: Arc::new(SystemClock),
+            clock: None,
             store: PhantomData,
         }
     }
 
-    /// Judges every time by `clock` (tests move a [`ManualClock`](crate::clock::ManualClock) to
-    /// expire keys and leases).
+    /// Judges every time by `clock` instead of the server's `TIME` (tests move a
+    /// [`ManualClock`](crate::clock::ManualClock) to expire keys and leases). Every instance that
+    /// shares the records must then use the same clock: it is passed to each script in place of
+    /// the server's. Not for production, where the server's clock is what lets instances whose
+    /// clocks disagree agree on who owns a key.
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -411,18 +500,20 @@ impl RedisStoreBuilder<RedisStore> {
         pubsub: Option<PubSub>,
     ) -> RedisResult<RedisStore> {
         let records = self.records()?;
-        Ok(RedisStore {
+        Ok(Redis {
             subscriber: self.subscriber(&records, vec![client.clone()], pubsub),
-            client,
-            config,
-            conn: OnceCell::new_with(conn),
+            link: Server {
+                client,
+                config,
+                conn: OnceCell::new_with(conn),
+                scan_cursor: Mutex::new(0),
+            },
             records,
-            scan_cursor: Mutex::new(0),
         })
     }
 }
 
-impl RedisStore {
+impl Redis<Server> {
     /// Connects to `url` (`redis://[user:password@]host:port[/db]` or `redis+unix:///path`; TLS needs
     /// redis features idem does not enable) with the default settings and the prefix `"idem"`. Same
     /// as `RedisStore::builder(url).connect()`.
@@ -443,7 +534,9 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(vec![url.into()])
     }
+}
 
+impl<C: Connector> Redis<C> {
     /// The prefix of this store's keys and channel.
     pub fn prefix(&self) -> &str {
         &self.records.prefix
@@ -478,505 +571,178 @@ impl RedisStore {
     pub fn redis_key(&self, key: &RecordKey) -> String {
         self.records.redis_key(key)
     }
-
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        if let Some(conn) = self.conn.get() {
-            return Ok(conn.clone());
-        }
-        // Boxed: connecting is a large future, and inlined it would make every operation's
-        // future (which the store trait boxes and moves) kilobytes larger.
-        Box::pin(self.conn.get_or_try_init(|| {
-            ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
-        }))
-        .await
-        .cloned()
-        .map_err(StoreError::unavailable)
-    }
 }
 
-/// The store's pub/sub task, and whether it is subscribed right now. Dropping it stops the task.
-struct Subscriber {
-    task: AbortHandle,
-    subscribed: watch::Receiver<bool>,
-}
-
-impl Subscriber {
-    fn is_subscribed(&self) -> bool {
-        *self.subscribed.borrow()
+/// Every operation is one script or command (see the [module documentation](self)), sent on the
+/// connection `C` gives.
+#[async_trait::async_trait]
+impl<C: Connector> Store for Redis<C> {
+    fn kind(&self) -> &'static str {
+        C::KIND
     }
 
-    async fn wait_for(&self, subscribed: bool) {
-        let mut state = self.subscribed.clone();
-        // The listener lives as long as the store, so the sender is never dropped while we wait.
-        let _ = state.wait_for(|now| *now == subscribed).await;
-    }
-}
-
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// What both Redis stores share: the key layout, the scripts, the local waiters, and each
-/// operation, sent on a connection to one server or to a cluster (which routes each command by
-/// its one key).
-struct Records {
-    prefix: String,
-    scripts: Scripts,
-    waiters: Arc<Waiters>,
-    durability: Option<Durability>,
-    clock: Arc<dyn Clock>,
-}
-
-/// A Lua script: its hash for `EVALSHA`, and its code for `EVAL` on a server that lacks it.
-struct Lua {
-    script: Script,
-    code: &'static str,
-}
-
-impl Lua {
-    fn new(code: &'static str) -> Self {
-        Self {
-            script: Script::new(code),
-            code,
-        }
-    }
-}
-
-struct Scripts {
-    replace: Lua,
-    settle: Lua,
-    renew: Lua,
-    announce: Lua,
-    purge: Lua,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Self {
-            replace: Lua::new(include_str!("replace.lua")),
-            settle: Lua::new(include_str!("settle.lua")),
-            renew: Lua::new(include_str!("renew.lua")),
-            announce: Lua::new(include_str!("announce.lua")),
-            purge: Lua::new(include_str!("purge.lua")),
-        }
-    }
-}
-
-impl Records {
-    fn now(&self) -> Timestamp {
-        self.clock.now()
-    }
-
-    fn key<'a>(&'a self, key: &'a RecordKey) -> RedisKey<'a> {
-        RedisKey {
-            prefix: &self.prefix,
-            key,
-        }
-    }
-
-    fn redis_key(&self, key: &RecordKey) -> String {
-        let key = self.key(key);
-        let mut out = String::with_capacity(key.max_len());
-        // Writing to a String cannot fail.
-        let _ = fmt::Write::write_fmt(&mut out, format_args!("{key}"));
-        out
-    }
-
-    /// Sends `cmd`, followed on the same connection by `WAIT` if `durable` and the store waits for
-    /// replicas. Returns the reply and whether the write is as durable as asked (always, without
-    /// `WAIT`): the caller decides, from the reply, whether a write happened at all.
-    async fn send<T: FromRedisValue, C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        cmd: Cmd,
-        durable: bool,
-    ) -> RedisResult<(T, bool)> {
-        match self.durability.filter(|_| durable) {
-            None => Ok((cmd.query_async(conn).await?, true)),
-            Some(Durability {
-                replicas,
-                timeout_ms,
-            }) => {
-                let mut pipe = ::redis::Pipeline::with_capacity(2);
-                pipe.add_command(cmd)
-                    .cmd("WAIT")
-                    .arg(replicas)
-                    .arg(timeout_ms);
-                let (reply, acked): (T, u32) = pipe.query_async(conn).await?;
-                Ok((reply, acked >= replicas))
-            }
-        }
-    }
-
-    /// Runs `lua` on `key` with the arguments `args` appends (`bytes` bytes in all): as `EVALSHA`,
-    /// or, on a server that does not know the script (restarted, flushed, or a cluster node that
-    /// never ran it), as `EVAL`, which also caches it there. The command is built at its final size.
-    async fn eval<T: FromRedisValue, C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        lua: &Lua,
-        key: RedisKey<'_>,
-        (count, bytes): (usize, usize),
-        args: impl Fn(&mut Cmd),
-        durable: bool,
-    ) -> Result<(T, bool), StoreError> {
-        let build = |code: bool| {
-            let body = if code {
-                lua.code
-            } else {
-                lua.script.get_hash()
-            };
-            let mut cmd = Cmd::with_capacity(4 + count, 32 + body.len() + key.max_len() + bytes);
-            cmd.arg(if code { "EVAL" } else { "EVALSHA" })
-                .arg(body)
-                .arg(1)
-                .arg(key);
-            args(&mut cmd);
-            cmd
-        };
-        match self.send(conn, build(false), durable).await {
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
-                Box::pin(self.send(conn, build(true), durable)).await
-            }
-            found => found,
-        }
-        .map_err(redis_error)
-    }
-
-    async fn claim<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        claim: &Stamped<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let key = self.key(claim.key);
-        let ttl = claim
-            .retain_until
-            .as_millis()
-            .saturating_sub(claim.now.as_millis())
-            .clamp(1, MAX_TTL_MS);
-        let fresh = blob::fresh(claim);
-        for _ in 0..MAX_CLAIM_ATTEMPTS {
-            // Sized up front: building a command argument by argument reallocates as it grows.
-            let mut cmd = Cmd::with_capacity(7, key.max_len() + fresh.len() + 40);
-            cmd.arg("SET")
-                .arg(key)
-                .arg(&fresh[..])
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(ttl);
-            let (found, durable): (Option<Vec<u8>>, bool) =
-                self.send(conn, cmd, true).await.map_err(redis_error)?;
-            let Some(found) = found else {
-                return confirmed(durable).map(|()| claim.won(None));
-            };
-            let record = blob::decode(found)?;
-            // The replacements are boxed: inlined, their futures would make every claim's future
-            // (which the store trait boxes and moves) several times larger.
-            if record.token == claim.token && matches!(record.state, RecordState::InFlight { .. }) {
-                // A cluster client resent our claim after a lost reply: it landed the first time.
-                let taken_over = record.created_at != claim.now;
-                return Ok(claim.won(taken_over.then_some(&record)));
-            } else if record.is_forgotten(claim.now) {
-                // A fresh record, and a fresh TTL.
-                if Box::pin(self.replace(conn, key, &record, &fresh, Some(ttl))).await? {
-                    return Ok(claim.won(None));
-                }
-            } else if claim.can_take_over(&record) {
-                // The same record under the new token and lease; the key keeps its TTL.
-                let taken = blob::encode(&Record {
-                    token: claim.token,
-                    state: RecordState::InFlight {
-                        lease_until: claim.lease_until,
-                    },
-                    ..record.clone()
-                })?;
-                if Box::pin(self.replace(conn, key, &record, &taken, None)).await? {
-                    return Ok(claim.won(Some(&record)));
-                }
-            } else {
-                return Ok(claim.existing(record));
-            }
-            // Someone changed the record between our read and our replace: look again.
-        }
-        Err(StoreError::unavailable(format!(
-            "claim of {} did not settle after {MAX_CLAIM_ATTEMPTS} attempts under concurrent changes",
-            claim.key
-        )))
-    }
-
-    /// Replaces `seen` at `key` by `new` if the key still holds `seen` (`replace.lua`): with a fresh
-    /// TTL of `ttl` ms, or, when `None`, keeping the key's. Returns whether it did.
-    async fn replace<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        key: RedisKey<'_>,
-        seen: &Record,
-        new: &[u8],
-        ttl: Option<i64>,
-    ) -> Result<bool, StoreError> {
-        let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(seen.token)[..])
-                .arg(blob::state(seen))
-                .arg(new);
-            match ttl {
-                Some(ttl) => cmd.arg(ttl),
-                None => cmd.arg(""),
-            };
-        };
-        let sizes = (4, 8 + 1 + new.len() + 20);
-        let (replaced, durable): (i64, bool) = self
-            .eval(conn, &self.scripts.replace, key, sizes, args, true)
-            .await?;
-        confirmed(durable || replaced != 1)?;
-        Ok(replaced == 1)
-    }
-
-    /// Completes the claim with `response`, or releases it when `None` (`settle.lua`). Only a
-    /// completion waits for replicas.
-    async fn settle<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        key: &RecordKey,
-        token: FencingToken,
-        response: Option<&StoredResponse>,
-    ) -> Result<(), StoreError> {
-        let tail = response.map(blob::Response::new).transpose()?;
-        let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(token)[..]);
-            if let Some(tail) = tail {
-                cmd.arg(tail);
-            }
-        };
-        let sizes = (
-            1 + usize::from(tail.is_some()),
-            8 + tail.map_or(0, |t| t.len()),
-        );
-        let completing = response.is_some();
-        let (reply, durable) = self
-            .eval(
-                conn,
-                &self.scripts.settle,
-                self.key(key),
-                sizes,
-                args,
-                completing,
-            )
-            .await?;
-        applied_or_fenced(reply)?;
-        confirmed(durable)?;
-        self.waiters.notify(key);
-        Ok(())
-    }
-
-    async fn renew<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        key: &RecordKey,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> Result<(), StoreError> {
-        let args = |cmd: &mut Cmd| {
-            cmd.arg(&blob::token(token)[..])
-                .arg(&lease_until.as_millis().to_be_bytes()[..]);
-        };
-        let (reply, _) = self
-            .eval(
-                conn,
-                &self.scripts.renew,
-                self.key(key),
-                (2, 16),
-                args,
-                false,
-            )
-            .await?;
-        applied_or_fenced(reply)
-    }
-
-    async fn get<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        key: &RecordKey,
-        now: Timestamp,
-    ) -> Result<Option<Record>, StoreError> {
-        let found: Option<Vec<u8>> = ::redis::cmd("GET")
-            .arg(self.key(key))
-            .query_async(conn)
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.records
+            .claim(&mut self.link.conn().await?, claim)
             .await
-            .map_err(redis_error)?;
-        match found {
-            Some(found) => Ok(Some(blob::decode(found)?).filter(|r| !r.is_forgotten(now))),
-            None => Ok(None),
-        }
     }
 
-    async fn announce<C: ConnectionLike + Send>(
+    async fn complete(
         &self,
-        conn: &mut C,
         key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let announce = &self.scripts.announce;
-        let _marked: (i64, bool) = self
-            .eval(conn, announce, self.key(key), (0, 0), |_| {}, false)
-            .await?;
-        Ok(())
+        let mut conn = self.link.conn().await?;
+        self.records
+            .settle(&mut conn, key, token, Some(response))
+            .await
     }
 
-    /// Continues the `SCAN` pass at `cursor` over the store's keys on the server `conn` talks to,
-    /// deleting records past retention at `now`: at most `budget` records, in at most `steps` `SCAN`
-    /// steps. Returns how many it deleted, the cursor to resume at (`None`: the pass is over) and the
-    /// steps left.
-    async fn purge<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        mut cursor: u64,
-        now: Timestamp,
-        budget: u64,
-        mut steps: usize,
-    ) -> Result<(u64, Option<u64>, usize), StoreError> {
-        let pattern = format!("{}:{{*", glob_escape(&self.prefix));
-        let mut deleted = 0u64;
-        loop {
-            steps = steps.saturating_sub(1);
-            let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(conn)
-                .await
-                .map_err(redis_error)?;
-            let mut done = 0;
-            while done < keys.len() && deleted < budget {
-                let take = usize::try_from(budget - deleted)
-                    .unwrap_or(usize::MAX)
-                    .min(keys.len() - done);
-                deleted += self.purge_keys(conn, &keys[done..done + take], now).await?;
-                done += take;
-            }
-            // SCAN cursors are stateless on the server: stopping inside a page means scanning that
-            // page again next time (its deleted keys are gone), so nothing is skipped.
-            if done == keys.len() && next == 0 {
-                return Ok((deleted, None, steps));
-            }
-            cursor = if done < keys.len() { cursor } else { next };
-            if deleted >= budget || steps == 0 {
-                return Ok((deleted, Some(cursor), steps));
-            }
-        }
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.records
+            .settle(&mut self.link.conn().await?, key, token, None)
+            .await
     }
 
-    /// Deletes those of `keys` that are past retention at `now` (one pipelined round trip, one
-    /// script per key); returns how many were deleted.
-    async fn purge_keys<C: ConnectionLike + Send>(
+    async fn renew(
         &self,
-        conn: &mut C,
-        keys: &[Vec<u8>],
-        now: Timestamp,
-    ) -> Result<u64, StoreError> {
-        if keys.is_empty() {
-            return Ok(0);
+        key: &RecordKey,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.link.conn().await?;
+        self.records.renew(&mut conn, key, token, lease).await
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
+        self.records.get(&mut self.link.conn().await?, key).await
+    }
+
+    fn subscribe(&self, key: &RecordKey) -> Subscription {
+        self.records.waiters.subscribe(key)
+    }
+
+    /// Marks the record watched if it is in flight (`announce.lua`), so that its
+    /// completion or release publishes its tag to every instance; does nothing otherwise.
+    async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
+        self.records
+            .announce(&mut self.link.conn().await?, key)
+            .await
+    }
+
+    async fn forget(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        state: StateKind,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.link.conn().await?;
+        self.records.forget(&mut conn, key, token, state).await
+    }
+
+    /// Walks the keys of `scope` with `SCAN MATCH` on each server (see "Operators" in the
+    /// [module documentation](self)), from the start on every call.
+    async fn erase_scope(&self, scope: &str, batch: usize) -> Result<u64, StoreError> {
+        let pattern = self.records.pattern(Some(scope));
+        let budget = batch as u64;
+        let mut erased = 0;
+        for mut node in self.link.nodes().await? {
+            if erased >= budget {
+                break;
+            }
+            erased += self
+                .records
+                .erase(&mut node, &pattern, budget - erased)
+                .await?;
         }
-        let purge = &self.scripts.purge.script;
-        let mut pipe = ::redis::pipe();
-        pipe.load_script(purge).ignore();
-        for key in keys {
-            pipe.invoke_script(purge.key(key).arg(now.as_millis()));
+        Ok(erased)
+    }
+
+    /// Reads every record's header on each server; each server's records are judged by
+    /// its own time, and the time returned is the latest of them.
+    async fn list_in_flight(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<(Vec<Listed>, Timestamp), StoreError> {
+        let mut listed = Vec::new();
+        let mut latest = None;
+        for mut node in self.link.nodes().await? {
+            let now = self
+                .records
+                .scan_records(&mut node, |now, page| {
+                    listed.extend(
+                        page.into_iter()
+                            .filter(|(_, r)| {
+                                matches!(r.state, RecordState::InFlight { .. })
+                                    && !r.is_forgotten(now)
+                                    && r.created_at.until(now) >= older_than
+                            })
+                            .map(|(key, record)| Listed { key, record }),
+                    )
+                })
+                .await?;
+            latest = latest.max(Some(now));
         }
-        let deleted: Vec<i64> = pipe.query_async(conn).await.map_err(redis_error)?;
-        Ok(deleted.iter().filter(|&&d| d == 1).count() as u64)
+        listed.sort_by(|a, b| (a.record.created_at, &a.key).cmp(&(b.record.created_at, &b.key)));
+        listed.truncate(limit);
+        Ok((listed, latest.ok_or_else(no_server)?))
+    }
+
+    /// Counts every record's header on each server, by [`Stats::count`] at that server's
+    /// time; `now` is the latest of them.
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut total: Option<Stats> = None;
+        for mut node in self.link.nodes().await? {
+            let mut counted = None;
+            let now = self
+                .records
+                .scan_records(&mut node, |now, page| {
+                    let part = Stats::count(page.iter().map(|(_, r)| r), now);
+                    counted = Some(add(counted.take(), part));
+                })
+                .await?;
+            let counted = counted.unwrap_or(Stats {
+                now,
+                ..Stats::default()
+            });
+            total = Some(add(total.take(), counted));
+        }
+        total.ok_or_else(no_server)
     }
 }
 
-/// A write `WAIT` did not confirm fails as unavailable: the caller must not count on it.
-fn confirmed(durable: bool) -> Result<(), StoreError> {
-    if durable {
-        Ok(())
-    } else {
-        Err(StoreError::unavailable(
-            "the write was not confirmed by the replicas asked for in time (WAIT)",
-        ))
-    }
+/// No server answered for the records (a cluster without a primary serving slots).
+fn no_server() -> StoreError {
+    StoreError::unavailable("no Redis server serves the store's records")
 }
 
-/// Implements [`Store`] for a Redis store type that has a `records: Records` field and an
-/// `async fn conn(&self)` giving a connection: the operations are [`Records`]'.
-macro_rules! redis_store {
-    ($store:ty, $kind:literal) => {
-        #[async_trait::async_trait]
-        impl Store for $store {
-            fn kind(&self) -> &'static str {
-                $kind
-            }
-
-            async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-                let claim = claim.stamped(self.records.now());
-                self.records.claim(&mut self.conn().await?, &claim).await
-            }
-
-            async fn complete(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-                response: &StoredResponse,
-            ) -> Result<(), StoreError> {
-                let mut conn = self.conn().await?;
-                self.records
-                    .settle(&mut conn, key, token, Some(response))
-                    .await
-            }
-
-            async fn release(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-            ) -> Result<(), StoreError> {
-                self.records
-                    .settle(&mut self.conn().await?, key, token, None)
-                    .await
-            }
-
-            async fn renew(
-                &self,
-                key: &RecordKey,
-                token: FencingToken,
-                lease: Duration,
-            ) -> Result<(), StoreError> {
-                let mut conn = self.conn().await?;
-                let lease_until = self.records.now() + lease;
-                self.records.renew(&mut conn, key, token, lease_until).await
-            }
-
-            async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
-                let now = self.records.now();
-                let found = self.records.get(&mut self.conn().await?, key, now).await?;
-                Ok(found.map(|record| Found { record, now }))
-            }
-
-            fn subscribe(&self, key: &RecordKey) -> Subscription {
-                self.records.waiters.subscribe(key)
-            }
-
-            /// Marks the record watched if it is in flight (`announce.lua`), so that its
-            /// completion or release publishes its tag to every instance; does nothing otherwise.
-            async fn announce_waiter(&self, key: &RecordKey) -> Result<(), StoreError> {
-                self.records.announce(&mut self.conn().await?, key).await
-            }
-        }
+/// The counts `a` (if any: of the pages or servers counted so far) and `b` together.
+fn add(a: Option<Stats>, b: Stats) -> Stats {
+    let Some(a) = a else {
+        return b;
     };
+    let oldest_in_flight = match (a.oldest_in_flight, b.oldest_in_flight) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Stats {
+        in_flight: a.in_flight + b.in_flight,
+        completed: a.completed + b.completed,
+        released: a.released + b.released,
+        expired: a.expired + b.expired,
+        forgotten: a.forgotten + b.forgotten,
+        oldest_in_flight,
+        now: a.now.max(b.now),
+    }
 }
 
-redis_store!(RedisStore, "redis");
-
-// After the macro, which it uses.
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 #[cfg(feature = "redis-cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-pub use cluster::RedisClusterStore;
+pub use cluster::{Cluster, RedisClusterStore};
 
 /// `settle.lua` and `renew.lua` answer 1 (applied), 0 (not this claim's record) or -1 (not a
 /// record at all).
@@ -991,23 +757,24 @@ fn applied_or_fenced(reply: i64) -> Result<(), StoreError> {
 }
 
 #[async_trait::async_trait]
-impl Purge for RedisStore {
-    /// Deletes at most `batch` records past retention at `now`, continuing one `SCAN` pass over the
+impl Purge for Redis<Server> {
+    /// Deletes at most `batch` records past retention at the store's time, continuing one `SCAN` pass over the
     /// store's keys across calls. A call stops at the end of the pass or after 64 `SCAN` steps, and
     /// may then return fewer than `batch`, which ends a [`Sweeper`](crate::sweeper::Sweeper) sweep; the
     /// next sweep continues the pass. See the [module documentation](self).
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let now = self.records.now();
-        let mut conn = self.conn().await?;
+        let mut conn = self.link.conn().await?;
         let cursor = *self
+            .link
             .scan_cursor
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let (deleted, cursor, _) = self
             .records
-            .purge(&mut conn, cursor, now, batch as u64, SCAN_STEPS_PER_CALL)
+            .purge(&mut conn, cursor, batch as u64, SCAN_STEPS_PER_CALL)
             .await?;
         *self
+            .link
             .scan_cursor
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = cursor.unwrap_or(0);
@@ -1052,11 +819,11 @@ pub mod fuzzing {
     }
 
     pub fn encode_tag(key: &RecordKey) -> String {
-        super::encode_tag(key)
+        super::keys::encode_tag(key)
     }
 
     pub fn decode_tag(tag: &[u8]) -> Option<RecordKey> {
-        super::decode_tag(tag)
+        super::keys::decode_tag(tag)
     }
 }
 
@@ -1071,209 +838,6 @@ fn redis_error(e: RedisError) -> StoreError {
         StoreError::corrupt(e)
     } else {
         StoreError::unavailable(e)
-    }
-}
-
-fn escape(s: &str, out: &mut impl fmt::Write) -> fmt::Result {
-    let mut rest = s;
-    while let Some(at) = rest.find(['%', '{', '}']) {
-        out.write_str(&rest[..at])?;
-        out.write_str(match rest.as_bytes()[at] {
-            b'%' => "%25",
-            b'{' => "%7B",
-            _ => "%7D",
-        })?;
-        rest = &rest[at + 1..];
-    }
-    out.write_str(rest)
-}
-
-/// The length of `s` escaped: each of `%`, `{`, `}` becomes three bytes.
-fn escaped_len(s: &str) -> usize {
-    s.len()
-        + 2 * s
-            .bytes()
-            .filter(|b| matches!(b, b'%' | b'{' | b'}'))
-            .count()
-}
-
-fn unescape(s: &str) -> Option<String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find('%') {
-        out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 3)?;
-        out.push(match code {
-            "25" => '%',
-            "7B" => '{',
-            "7D" => '}',
-            _ => return None,
-        });
-        rest = &rest[i + 3..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
-/// `<n>:<scope>:<key>` with `%`, `{`, `}` escaped and `n` the escaped scope's byte length: injective,
-/// brace-free, and the message published on completion. The store writes it inside keys
-/// ([`RedisKey`]); as a string of its own it serves the tests and the fuzz target.
-#[cfg(any(test, fuzzing))]
-fn encode_tag(key: &RecordKey) -> String {
-    let mut out = String::with_capacity(tag_len(key));
-    // Writing to a String cannot fail.
-    let _ = write_tag(key, &mut out);
-    out
-}
-
-/// An upper bound of the tag's length ([`write_tag`]), so that keys are built in one allocation.
-fn tag_len(key: &RecordKey) -> usize {
-    // At most 20 digits for the length and a colon, then the escaped scope, a colon, the escaped key.
-    21 + escaped_len(key.scope()) + 1 + escaped_len(key.key())
-}
-
-fn write_tag(key: &RecordKey, out: &mut impl fmt::Write) -> fmt::Result {
-    write!(out, "{}:", escaped_len(key.scope()))?;
-    escape(key.scope(), out)?;
-    out.write_char(':')?;
-    escape(key.key(), out)
-}
-
-/// A record's Redis key, `<prefix>:{<tag>}`, written straight into the command that sends it.
-#[derive(Clone, Copy)]
-struct RedisKey<'a> {
-    prefix: &'a str,
-    key: &'a RecordKey,
-}
-
-impl RedisKey<'_> {
-    /// An upper bound of the key's length.
-    fn max_len(&self) -> usize {
-        self.prefix.len() + 3 + tag_len(self.key)
-    }
-}
-
-impl fmt::Display for RedisKey<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.prefix)?;
-        f.write_str(":{")?;
-        write_tag(self.key, f)?;
-        f.write_str("}")
-    }
-}
-
-impl ToRedisArgs for RedisKey<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self);
-    }
-}
-
-fn decode_tag(tag: &[u8]) -> Option<RecordKey> {
-    let tag = std::str::from_utf8(tag).ok()?;
-    let (len, rest) = tag.split_once(':')?;
-    let len: usize = len.parse().ok()?;
-    let scope = rest.get(..len)?;
-    let key = rest.get(len..)?.strip_prefix(':')?;
-    Some(RecordKey::stored(unescape(scope)?, unescape(key)?))
-}
-
-/// `*`, `?`, `[`, `]` and `\` are glob syntax in `SCAN MATCH`.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-async fn subscribe(client: &Client, channel: &str, timeout: Duration) -> RedisResult<PubSub> {
-    let connect = async {
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.subscribe(channel).await?;
-        Ok(pubsub)
-    };
-    match tokio::time::timeout(timeout, connect).await {
-        Ok(result) => result,
-        Err(_) => Err(RedisError::from((
-            ErrorKind::IoError,
-            "timed out subscribing to the idem channel",
-        ))),
-    }
-}
-
-/// What the store's pub/sub task needs.
-struct Listener {
-    /// The servers to subscribe on, tried in turn (a cluster's every node receives every message).
-    clients: Vec<Client>,
-    channel: String,
-    waiters: Arc<Waiters>,
-    state: watch::Sender<bool>,
-    connection_timeout: Duration,
-    response_timeout: Duration,
-}
-
-/// The store's pub/sub task: wakes local waiters for every tag published on the channel, and
-/// reconnects with backoff, to the next server, whenever the connection fails. Runs until the
-/// store aborts it.
-async fn listen(l: Listener, mut initial: Option<PubSub>) {
-    let channel = &l.channel;
-    let mut backoff = MIN_BACKOFF;
-    for client in l.clients.iter().cycle() {
-        let pubsub = match initial.take() {
-            Some(pubsub) => pubsub,
-            None => match subscribe(client, channel, l.connection_timeout).await {
-                Ok(pubsub) => {
-                    tracing::debug!(target: "idem", %channel, "subscribed to completions");
-                    pubsub
-                }
-                Err(error) => {
-                    tracing::warn!(
-                        target: "idem", %channel, %error,
-                        "cannot subscribe to completions; retrying"
-                    );
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue;
-                }
-            },
-        };
-        backoff = MIN_BACKOFF;
-        // Completions published while we were not subscribed are lost: every local waiter re-reads
-        // its record (and waits again if it is still in flight), as PostgreSQL's listener does.
-        l.waiters.notify_all();
-        l.state.send_replace(true);
-        let (mut sink, mut stream) = pubsub.split();
-        let mut ping =
-            tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                message = stream.next() => match message {
-                    Some(message) => match decode_tag(message.get_payload_bytes()) {
-                        Some(key) => l.waiters.notify(&key),
-                        None => tracing::debug!(
-                            target: "idem", %channel, "ignored a malformed completion message"
-                        ),
-                    },
-                    None => break,
-                },
-                _ = ping.tick() => {
-                    let pong = tokio::time::timeout(
-                        l.response_timeout,
-                        sink.ping::<::redis::Value>(),
-                    )
-                    .await;
-                    if !matches!(pong, Ok(Ok(_))) {
-                        break;
-                    }
-                }
-            }
-        }
-        l.state.send_replace(false);
-        tracing::warn!(target: "idem", %channel, "lost the completions subscription; reconnecting");
     }
 }
 

@@ -3,9 +3,10 @@
 -- KEYS[1]  the record's key, `<prefix>:{<tag>}`
 -- ARGV[1]  the caller's fencing token (its 8 stored bytes)
 -- ARGV[2]  to complete: the response, encoded as a completed record's tail (blob.rs), appended to
---          the header (SET KEEPTTL keeps the key's TTL); absent to release: the key is deleted
+--          the header (SET KEEPTTL keeps the key's TTL); absent to release: the state byte becomes
+--          'R' (released; SETRANGE keeps the key's TTL, and the record keeps its times)
 --
--- Returns 1 if the record was in flight under ARGV[1] and is now completed or deleted, 0 if not (no
+-- Returns 1 if the record was in flight under ARGV[1] and is now completed or released, 0 if not (no
 -- record, another token, or already completed), -1 if the key holds something that is not a record
 -- of layout version 1; in the last two cases nothing changed.
 --
@@ -28,7 +29,7 @@ end
 if ARGV[2] then
   redis.call('SET', KEYS[1], '\1D' .. string.sub(cur, 3) .. ARGV[2], 'KEEPTTL')
 else
-  redis.call('DEL', KEYS[1])
+  redis.call('SETRANGE', KEYS[1], 1, 'R')
 end
 if string.byte(cur, 3) == 1 then
   local open = string.find(KEYS[1], '{', 1, true)
