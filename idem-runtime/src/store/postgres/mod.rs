@@ -39,7 +39,7 @@
 //!   version of the key's record, decides again, and inserts over it, takes it over or resumes it
 //!   in place. The statements assume READ COMMITTED.
 //! - **Complete**, **release**, **renew**: one statement each, fenced by the token and the
-//!   in-flight state. A release keeps the record, [released](RecordState::Released). Completion and
+//!   in-flight state. A release keeps the record, [released](crate::record::RecordState::Released). Completion and
 //!   release call `pg_notify` in the same statement only if a duplicate announced itself (the
 //!   `watched` flag): a notifying commit takes a database-wide lock, which would otherwise
 //!   serialise every completion.
@@ -56,7 +56,7 @@
 //! # Waking waiters across instances
 //!
 //! Completions and releases of awaited records notify the channel [`CHANNEL`] with `[scope, key]`
-//! as JSON. Each store keeps one [`PgListener`] on a connection of its own and wakes that key's
+//! as JSON. Each store keeps one [`PgListener`](sqlx::postgres::PgListener) on a connection of its own and wakes that key's
 //! local waiters; after it (re)connects, it wakes every local waiter to re-read its record. While it
 //! cannot connect, waiters still wake at the lease's end or their deadline.
 //!
@@ -70,14 +70,13 @@
 
 use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
 use super::{
-    Claim, ClaimOutcome, Claimed, Found, Listed, Purge, StateKind, Stats, Store, StoreError,
-    Subscription, Waiters,
+    Claim, ClaimOutcome, Found, Listed, Purge, StateKind, Stats, Store, StoreError, Subscription,
+    Waiters,
 };
 use crate::clock::{Clock, Timestamp};
-use crate::fingerprint::Fingerprint;
-use crate::record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
+use crate::record::{FencingToken, RecordKey, StoredResponse};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,22 +102,24 @@ pub(crate) fn migrator() -> Migrator {
         (
             20261130000001,
             "idem records",
-            include_str!("../../migrations/postgres/20261130000001_idem_records.sql"),
+            include_str!("../../../migrations/postgres/20261130000001_idem_records.sql"),
         ),
         (
             20261201000000,
             "idem records watched",
-            include_str!("../../migrations/postgres/20261201000000_idem_records_watched.sql"),
+            include_str!("../../../migrations/postgres/20261201000000_idem_records_watched.sql"),
         ),
         (
             20261202000000,
             "idem insert claim",
-            include_str!("../../migrations/postgres/20261202000000_idem_insert_claim.sql"),
+            include_str!("../../../migrations/postgres/20261202000000_idem_insert_claim.sql"),
         ),
         (
             20261207120000,
             "idem claim on server time",
-            include_str!("../../migrations/postgres/20261207120000_idem_claim_on_server_time.sql"),
+            include_str!(
+                "../../../migrations/postgres/20261207120000_idem_claim_on_server_time.sql"
+            ),
         ),
     ])
 }
@@ -134,6 +135,14 @@ const SCHEMA_LOCK: i64 = 0x6964_656d_5f73_6368; // "idem_sch"
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+mod listen;
+mod statements;
+
+use listen::payload;
+use statements::{
+    decode, millis, ANNOUNCE, ERASE, FORGET, GET, LIST_IN_FLIGHT, PURGE, RELEASE, RENEW, STATS,
+};
+
 /// The claim's statement and binds, for the project's own tests and benchmarks (which inspect its
 /// plan and time it alone). Not a stable API.
 #[cfg(feature = "testing")]
@@ -143,7 +152,7 @@ pub mod testing {
     use crate::clock::Timestamp;
 
     /// Claim-or-fetch: the record to keep, or what `idem.claim` made of the key.
-    pub const CLAIM_STATEMENT: &str = super::CLAIM;
+    pub const CLAIM_STATEMENT: &str = super::statements::CLAIM;
 
     /// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with the nine
     /// binds of `claim` judged at `now` (`None`: the server's clock), with the default lock timeout.
@@ -152,243 +161,14 @@ pub mod testing {
         claim: &Claim<'q>,
         now: Option<Timestamp>,
     ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        super::bind_claim(sql, claim, now, super::millis(super::DEFAULT_LOCK_TIMEOUT))
+        super::statements::bind_claim(
+            sql,
+            claim,
+            now,
+            super::statements::millis(super::DEFAULT_LOCK_TIMEOUT),
+        )
     }
 }
-
-/// The store's time in milliseconds since the Unix epoch: the instant bound as `$n` (a store given
-/// a clock) or, when that is NULL, the server's `clock_timestamp()`. Every statement computes it
-/// once (in a CTE, which PostgreSQL materialises since it calls a volatile function) and judges
-/// and stamps by it alone.
-macro_rules! now_ms {
-    ($n:literal) => {
-        concat!(
-            "coalesce($",
-            $n,
-            "::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
-        )
-    };
-}
-
-/// Bounds the statement's row-lock waits to `$n` milliseconds ([`DEFAULT_LOCK_TIMEOUT`]): local
-/// to the transaction, which for an autocommit statement is the statement. Joined to the rows a
-/// statement writes, so it is set before any row reaches the lock.
-macro_rules! bound_locks {
-    ($n:literal) => {
-        concat!("set_config('lock_timeout', $", $n, "::bigint::text, true)")
-    };
-}
-
-/// Claim-or-fetch, one statement: the key's record when [`Claim::decide`] keeps it at the store's
-/// time (a replay: a primary-key read, nothing written), and otherwise what `idem.claim` (see its
-/// migration) made of the key, deciding again on the latest version under its lock. Binds: scope,
-/// key, fingerprint, token, lease, ttl, retain (milliseconds, retain at least ttl), the store's
-/// time or NULL, the lock timeout.
-const CLAIM: &str = concat!(
-    "
-WITH now AS (SELECT ",
-    now_ms!("8"),
-    " AS ms)
-(SELECT 'keep'::text AS rule, now.ms AS store_now, r.fingerprint, r.token, r.created_at,
-        r.expires_at, r.retain_until, r.state, r.lease_until, r.status, r.headers, r.body
- FROM idem.records AS r, now
- WHERE r.scope = $1 AND r.key = $2 AND r.retain_until > now.ms AND r.state <> 'released'
-   AND NOT (r.state = 'in_flight' AND r.fingerprint = $3 AND now.ms < r.expires_at
-            AND r.lease_until <= now.ms))
-UNION ALL
-(SELECT c.* FROM now, idem.claim($1, $2, $3, $4, $5, $6, $7, now.ms, $9) AS c)
-LIMIT 1"
-);
-
-/// `sql` (the claim statement, or a statement around it such as an `EXPLAIN`) with a claim's nine
-/// binds (see [`CLAIM`]).
-pub(crate) fn bind_claim<'q>(
-    sql: &'q str,
-    claim: &Claim<'q>,
-    now: Option<Timestamp>,
-    lock_timeout_ms: i64,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(sql)
-        .bind(claim.key.scope())
-        .bind(claim.key.key())
-        .bind(claim.fingerprint.0.to_vec())
-        .bind(claim.token.0)
-        .bind(millis(claim.lease))
-        .bind(millis(claim.ttl))
-        .bind(millis(claim.retain.max(claim.ttl)))
-        .bind(now.map(Timestamp::as_millis))
-        .bind(lock_timeout_ms)
-}
-
-/// `duration` in whole milliseconds, saturated.
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-const COMPLETE: &str = concat!(
-    "
-WITH bound AS (SELECT ",
-    bound_locks!("8"),
-    "),
-completed AS (
-    UPDATE idem.records AS r
-    SET state = 'completed', lease_until = NULL, status = $4, headers = $5, body = $6
-    FROM bound
-    WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_flight'
-    RETURNING r.watched
-)
-SELECT CASE WHEN watched THEN pg_notify('idem_records', $7) END FROM completed"
-);
-
-/// The record stays, released: its times kept, no lease, for its request's retry to resume.
-const RELEASE: &str = concat!(
-    "
-WITH bound AS (SELECT ",
-    bound_locks!("5"),
-    "),
-released AS (
-    UPDATE idem.records AS r
-    SET state = 'released', lease_until = NULL
-    FROM bound
-    WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_flight'
-    RETURNING r.watched
-)
-SELECT CASE WHEN watched THEN pg_notify('idem_records', $4) END FROM released"
-);
-
-const RENEW: &str = concat!(
-    "
-WITH now AS (SELECT ",
-    now_ms!("5"),
-    " AS ms, ",
-    bound_locks!("6"),
-    ")
-UPDATE idem.records AS r SET lease_until = now.ms + $4
-FROM now
-WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_flight'"
-);
-
-/// Marks an in-flight record as awaited. Only the first waiter writes (and commits a change); later
-/// ones find the flag set and write nothing. The row lock orders this against the completing `UPDATE`,
-/// which reads the row's latest version: either it sees the flag and notifies, or it committed first
-/// and the waiter's next read sees the completion.
-const ANNOUNCE: &str = concat!(
-    "
-WITH bound AS (SELECT ",
-    bound_locks!("3"),
-    ")
-UPDATE idem.records AS r SET watched = true
-FROM bound
-WHERE r.scope = $1 AND r.key = $2 AND r.state = 'in_flight' AND NOT r.watched"
-);
-
-const GET: &str = concat!(
-    "
-WITH now AS (SELECT ",
-    now_ms!("3"),
-    " AS ms)
-SELECT now.ms AS store_now, r.fingerprint, r.token, r.created_at, r.expires_at, r.retain_until,
-       r.state, r.lease_until, r.status, r.headers, r.body
-FROM idem.records AS r, now
-WHERE r.scope = $1 AND r.key = $2 AND r.retain_until > now.ms"
-);
-
-/// The rows are picked oldest first through the `retain_until` index and locked by the same statement
-/// (skipping rows a claim holds), so their `ctid`s stay valid for the delete: a TID scan whatever the
-/// backlog, where a join back on the key may scan every expired row for each batch.
-const PURGE: &str = concat!(
-    "
-WITH now AS (SELECT ",
-    now_ms!("1"),
-    " AS ms)
-DELETE FROM idem.records
-WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM idem.records
-    WHERE retain_until <= (SELECT ms FROM now)
-    ORDER BY retain_until
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-))
-AND retain_until <= (SELECT ms FROM now)"
-);
-
-/// Deletes the record if it is still as the caller read it (token and state), waking its waiters.
-const FORGET: &str = concat!(
-    "
-WITH bound AS (SELECT ",
-    bound_locks!("6"),
-    "),
-gone AS (
-    DELETE FROM idem.records AS r
-    USING bound
-    WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = $4
-    RETURNING r.watched
-)
-SELECT CASE WHEN watched THEN pg_notify('idem_records', $5) END FROM gone"
-);
-
-/// At most a batch of the scope's records, through the primary key's `scope` prefix, locked first
-/// (a record another statement deletes meanwhile is skipped, and the next one taken, so that a
-/// short batch means the scope is empty); returns each key, notifying those awaited.
-const ERASE: &str = concat!(
-    "
-WITH bound AS (SELECT ",
-    bound_locks!("3"),
-    "),
-gone AS (
-    DELETE FROM idem.records AS r
-    WHERE r.scope = $1 AND r.key IN (
-        SELECT e.key FROM idem.records AS e, bound
-        WHERE e.scope = $1
-        LIMIT $2
-        FOR UPDATE OF e
-    )
-    RETURNING r.key, r.watched
-)
-SELECT key, CASE WHEN watched THEN pg_notify('idem_records', json_build_array($1::text, key)::text)
-            END AS notified
-FROM gone"
-);
-
-/// The in-flight records created at least `$1` ms before the store's time, oldest first; one row
-/// with NULL record columns when there is none, so that the store's time always comes back.
-const LIST_IN_FLIGHT: &str = concat!(
-    "
-WITH now AS (SELECT ",
-    now_ms!("3"),
-    " AS ms)
-SELECT now.ms AS store_now, l.*
-FROM now LEFT JOIN LATERAL (
-    SELECT r.scope, r.key, r.fingerprint, r.token, r.created_at, r.expires_at, r.retain_until,
-           r.state, r.lease_until, r.status, r.headers, r.body
-    FROM idem.records AS r
-    WHERE r.state = 'in_flight' AND r.retain_until > now.ms AND r.created_at <= now.ms - $1
-    ORDER BY r.created_at, r.scope COLLATE \"C\", r.key COLLATE \"C\"
-    LIMIT $2
-) AS l ON true
-ORDER BY l.created_at, l.scope COLLATE \"C\", l.key COLLATE \"C\""
-);
-
-/// [`Stats::count`] in SQL: past retention first, then released, then past expiry, then by state.
-const STATS: &str = concat!(
-    "
-WITH now AS (SELECT ",
-    now_ms!("1"),
-    " AS ms)
-SELECT now.ms AS store_now,
-       count(*) FILTER (WHERE r.retain_until <= now.ms) AS forgotten,
-       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state = 'released') AS released,
-       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state <> 'released'
-                              AND now.ms >= r.expires_at) AS expired,
-       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state = 'completed'
-                              AND now.ms < r.expires_at) AS completed,
-       count(*) FILTER (WHERE r.retain_until > now.ms AND r.state = 'in_flight'
-                              AND now.ms < r.expires_at) AS in_flight,
-       min(r.created_at) FILTER (WHERE r.retain_until > now.ms AND r.state = 'in_flight'
-                                       AND now.ms < r.expires_at) AS oldest_in_flight
-FROM now LEFT JOIN idem.records AS r ON true
-GROUP BY now.ms"
-);
 
 /// A [`Store`] in PostgreSQL, shared by every instance of a service. See the
 /// [module documentation](self) for its statements and guarantees.
@@ -540,7 +320,7 @@ impl PostgresStore {
             .idle_timeout(None)
             .acquire_timeout(pool.options().get_acquire_timeout())
             .connect_lazy_with((*pool.connect_options()).clone());
-        let task = tokio::spawn(listen(listener_pool, waiters.clone(), listening));
+        let task = tokio::spawn(listen::listen(listener_pool, waiters.clone(), listening));
         let store = Self {
             pool,
             waiters,
@@ -675,7 +455,7 @@ impl Store for PostgresStore {
     }
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut conn = self.acquire().await?;
-        ops::claim(&mut conn, claim, self.now(), self.lock_timeout_ms()).await
+        statements::claim(&mut conn, claim, self.now(), self.lock_timeout_ms()).await
     }
 
     async fn complete(
@@ -685,7 +465,7 @@ impl Store for PostgresStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let mut conn = self.acquire().await?;
-        ops::complete(&mut conn, key, token, response, self.lock_timeout_ms()).await?;
+        statements::complete(&mut conn, key, token, response, self.lock_timeout_ms()).await?;
         drop(conn);
         // The listener will hear the notification too; this wakes local waiters without waiting for it.
         self.waiters.notify(key);
@@ -701,7 +481,7 @@ impl Store for PostgresStore {
             .bind(self.lock_timeout_ms())
             .execute(&mut *self.acquire().await?)
             .await?;
-        ops::fenced_unless_one(done.rows_affected())?;
+        statements::fenced_unless_one(done.rows_affected())?;
         self.waiters.notify(key);
         Ok(())
     }
@@ -721,7 +501,7 @@ impl Store for PostgresStore {
             .bind(self.lock_timeout_ms())
             .execute(&mut *self.acquire().await?)
             .await?;
-        ops::fenced_unless_one(done.rows_affected())
+        statements::fenced_unless_one(done.rows_affected())
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Found>, StoreError> {
@@ -731,7 +511,7 @@ impl Store for PostgresStore {
             .bind(self.now().map(Timestamp::as_millis))
             .fetch_optional(&mut *self.acquire().await?)
             .await?;
-        row.as_ref().map(ops::found).transpose()
+        row.as_ref().map(statements::found).transpose()
     }
 
     fn subscribe(&self, key: &RecordKey) -> Subscription {
@@ -799,7 +579,7 @@ impl Store for PostgresStore {
         let mut now = None;
         let mut listed = Vec::with_capacity(rows.len());
         for row in &rows {
-            now = Some(ops::store_now(row)?);
+            now = Some(statements::store_now(row)?);
             let scope: Option<String> = row.try_get("scope").map_err(StoreError::corrupt)?;
             let Some(scope) = scope else { continue };
             let key: String = row.try_get("key").map_err(StoreError::corrupt)?;
@@ -831,7 +611,7 @@ impl Store for PostgresStore {
             expired: count("expired")?,
             forgotten: count("forgotten")?,
             oldest_in_flight: oldest.map(Timestamp::from_millis),
-            now: ops::store_now(&row)?,
+            now: statements::store_now(&row)?,
         })
     }
 }
@@ -880,247 +660,10 @@ impl TransactionalStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        ops::complete(tx, key, token, response, self.lock_timeout_ms()).await
+        statements::complete(tx, key, token, response, self.lock_timeout_ms()).await
     }
 
     fn committed(&self, key: &RecordKey) {
         self.waiters.notify(key);
-    }
-}
-
-mod ops {
-    use super::*;
-
-    /// Claims with [`CLAIM`]: one statement decides, at the store's time (`now`, or the server's
-    /// clock). It returns nothing only if a record that blocked the insert was deleted before it
-    /// could be locked; it then runs again.
-    pub(super) async fn claim(
-        conn: &mut PgConnection,
-        claim: &Claim<'_>,
-        now: Option<Timestamp>,
-        lock_timeout_ms: i64,
-    ) -> Result<ClaimOutcome, StoreError> {
-        for _ in 0..MAX_CLAIM_ATTEMPTS {
-            let row = bind_claim(CLAIM, claim, now, lock_timeout_ms)
-                .fetch_optional(&mut *conn)
-                .await?;
-            let Some(row) = row else { continue };
-            let rule: &str = row.try_get("rule").map_err(StoreError::corrupt)?;
-            let taken_over = match rule {
-                "keep" => return found(&row).map(ClaimOutcome::Existing),
-                "take_over" => true,
-                "insert" | "resume" => false,
-                other => return Err(StoreError::corrupt(format!("unknown claim rule {other:?}"))),
-            };
-            let time = |column: &str| -> Result<Timestamp, StoreError> {
-                let ms: i64 = row.try_get(column).map_err(StoreError::corrupt)?;
-                Ok(Timestamp::from_millis(ms))
-            };
-            return Ok(ClaimOutcome::Claimed(Claimed {
-                taken_over,
-                created_at: time("created_at")?,
-                expires_at: time("expires_at")?,
-            }));
-        }
-        Err(StoreError::unavailable(format!(
-            "claim of {} did not settle after {MAX_CLAIM_ATTEMPTS} attempts under concurrent changes",
-            claim.key
-        )))
-    }
-
-    pub(super) async fn complete(
-        conn: &mut PgConnection,
-        key: &RecordKey,
-        token: FencingToken,
-        response: &StoredResponse,
-        lock_timeout_ms: i64,
-    ) -> Result<(), StoreError> {
-        // `SELECT CASE … pg_notify(...) END FROM completed` returns one row per completed record,
-        // notified or not.
-        let done = sqlx::query(COMPLETE)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(token.0)
-            .bind(i32::from(response.status))
-            .bind(response.encode_headers())
-            .bind(response.body.as_ref())
-            .bind(payload(key))
-            .bind(lock_timeout_ms)
-            .execute(&mut *conn)
-            .await?;
-        fenced_unless_one(done.rows_affected())
-    }
-
-    /// The store's time a statement read by (its `store_now` column).
-    pub(super) fn store_now(row: &PgRow) -> Result<Timestamp, StoreError> {
-        let ms: i64 = row.try_get("store_now").map_err(StoreError::corrupt)?;
-        Ok(Timestamp::from_millis(ms))
-    }
-
-    /// A row of the record columns and the store's time.
-    pub(super) fn found(row: &PgRow) -> Result<Found, StoreError> {
-        Ok(Found {
-            record: decode(row)?,
-            now: store_now(row)?,
-        })
-    }
-
-    pub(super) fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
-        if rows == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::fenced())
-        }
-    }
-}
-
-/// The notification payload for `key`: `[scope, key]` as JSON. Both parts are bounded
-/// ([`RecordKey::MAX_PART`]), so it stays far below PostgreSQL's 8000-byte limit.
-fn payload(key: &RecordKey) -> String {
-    serde_json::to_string(&(key.scope(), key.key())).unwrap_or_default()
-}
-
-/// Wakes the waiters a notification payload names.
-fn deliver(waiters: &Waiters, payload: &str) {
-    match serde_json::from_str::<(String, String)>(payload) {
-        Ok((scope, key)) => waiters.notify(&RecordKey::stored(scope, key)),
-        Err(e) => tracing::debug!(
-            target: "idem", error = %e, "ignoring a malformed notification on {CHANNEL}"
-        ),
-    }
-}
-
-/// The listener task: forwards notifications on [`CHANNEL`] to `waiters`, reconnecting with backoff.
-///
-/// `listening` is told when the listener first listens. If nobody receives that (the constructor did
-/// not wait, or gave up), waiters may have subscribed before, and they are woken to re-read their
-/// records; so they are after every reconnection.
-async fn listen(pool: PgPool, waiters: Arc<Waiters>, listening: tokio::sync::oneshot::Sender<()>) {
-    let mut listening = Some(listening);
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        match PgListener::connect_with(&pool).await {
-            Ok(mut listener) => match listener.listen(CHANNEL).await {
-                Ok(()) => {
-                    backoff = MIN_BACKOFF;
-                    // Unless the constructor is still waiting for this (no subscriber can exist
-                    // yet), anything announced before now may have been missed: every waiter
-                    // re-reads its record.
-                    let awaited = listening.take().is_some_and(|tx| tx.send(()).is_ok());
-                    if !awaited {
-                        waiters.notify_all();
-                    }
-                    loop {
-                        match listener.try_recv().await {
-                            Ok(Some(notification)) => deliver(&waiters, notification.payload()),
-                            // The connection dropped and was re-established: some may be lost.
-                            Ok(None) => waiters.notify_all(),
-                            Err(e) => {
-                                tracing::warn!(
-                                    target: "idem", error = %e,
-                                    "idempotency store listener lost its connection; reconnecting"
-                                );
-                                break;
-                            }
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(
-                    target: "idem", error = %e, "idempotency store listener could not LISTEN"
-                ),
-            },
-            Err(e) => tracing::warn!(
-                target: "idem", error = %e, "idempotency store listener could not connect"
-            ),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// Decodes a row of the record columns.
-fn decode(row: &PgRow) -> Result<Record, StoreError> {
-    let get_i64 = |column: &str| -> Result<i64, StoreError> {
-        row.try_get::<i64, _>(column).map_err(StoreError::corrupt)
-    };
-    // Borrowed where the row's own bytes do (fingerprint, state, headers): no copy to drop again.
-    let fingerprint: &[u8] = row.try_get("fingerprint").map_err(StoreError::corrupt)?;
-    let fingerprint = <[u8; 32]>::try_from(fingerprint)
-        .map(Fingerprint)
-        .map_err(|_| {
-            StoreError::corrupt(format!(
-                "fingerprint of {} bytes, expected 32",
-                fingerprint.len()
-            ))
-        })?;
-    let state: &str = row.try_get("state").map_err(StoreError::corrupt)?;
-    let state = match state {
-        "released" => RecordState::Released,
-        "in_flight" => RecordState::InFlight {
-            lease_until: Timestamp::from_millis(get_i64("lease_until")?),
-        },
-        "completed" => {
-            let status: i32 = row.try_get("status").map_err(StoreError::corrupt)?;
-            let headers: &str = row.try_get("headers").map_err(StoreError::corrupt)?;
-            let body: Vec<u8> = row.try_get("body").map_err(StoreError::corrupt)?;
-            RecordState::Completed {
-                response: StoredResponse {
-                    status: u16::try_from(status).map_err(StoreError::corrupt)?,
-                    headers: StoredResponse::decode_headers(headers)
-                        .map_err(StoreError::corrupt)?,
-                    body: body.into(),
-                },
-            }
-        }
-        other => return Err(StoreError::corrupt(format!("unknown state {other:?}"))),
-    };
-    Ok(Record {
-        fingerprint,
-        token: FencingToken(get_i64("token")?),
-        created_at: Timestamp::from_millis(get_i64("created_at")?),
-        expires_at: Timestamp::from_millis(get_i64("expires_at")?),
-        retain_until: Timestamp::from_millis(get_i64("retain_until")?),
-        state,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payload_names_the_key_or_wakes_all_when_too_long() {
-        let key = RecordKey::new("tenant \"7\"", "k/1");
-        let p = payload(&key);
-        assert_eq!(
-            serde_json::from_str::<(String, String)>(&p).unwrap(),
-            (key.scope().to_owned(), key.key().to_owned())
-        );
-        // The longest parts, each character escaped as six bytes, are still far below the limit.
-        let huge = RecordKey::new("\u{1}".repeat(10_000), "\u{1}".repeat(10_000));
-        assert!(payload(&huge).len() < 8000);
-    }
-
-    #[test]
-    fn completion_and_release_notify_on_the_listened_channel() {
-        for sql in [COMPLETE, RELEASE] {
-            assert!(sql.contains(&format!("pg_notify('{CHANNEL}'")), "{sql}");
-        }
-    }
-
-    #[tokio::test]
-    async fn deliver_wakes_the_named_key_only() {
-        let waiters = Waiters::new();
-        let a = RecordKey::new("s", "a");
-        let b = RecordKey::new("s", "b");
-        let mut sub_a = waiters.subscribe(&a);
-        let mut sub_b = waiters.subscribe(&b);
-        deliver(&waiters, &payload(&a));
-        sub_a.changed().await;
-        let b_woken = tokio::time::timeout(Duration::ZERO, sub_b.changed()).await;
-        assert!(b_woken.is_err(), "only a was named");
-        deliver(&waiters, "not json");
-        deliver(&waiters, &payload(&b));
-        sub_b.changed().await;
     }
 }
