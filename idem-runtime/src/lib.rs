@@ -93,8 +93,11 @@ pub use transaction::{Transactional, Tx};
 
 /// The sqlx that idem's SQL stores are built on, so that an application names the same version
 /// (for its pool, its migrator and its queries).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub use sqlx;
 
 /// The `http` crate whose header types a [`StoredResponse`] holds, so that code building or reading
