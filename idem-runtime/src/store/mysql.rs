@@ -102,6 +102,9 @@ const POLL_OVERLAP_MS: i64 = 2_000;
 /// At most this many wake-up rows per poll.
 const POLL_BATCH: i64 = 1_000;
 
+/// How long [`MySqlStore::migrate`] waits for another instance's migrations to finish.
+const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(60);
+
 /// How often a claim runs again when concurrent changes (another claim's insert, a deadlock, a
 /// lock wait timeout) keep it from settling; the bound only guards against a pathological loop.
 const MAX_CLAIM_ATTEMPTS: usize = 16;
@@ -356,7 +359,31 @@ impl MySqlStore {
     /// # }
     /// ```
     pub async fn migrate(pool: &MySqlPool) -> Result<(), StoreError> {
-        migrator().run(pool).await.map_err(StoreError::unavailable)
+        // sqlx's own migration lock is `GET_LOCK(name, -1)`, which MariaDB answers with NULL at once
+        // (a negative timeout is not "forever" there): take a named lock of our own, per database,
+        // on the connection the migrations run on.
+        let mut conn = pool.acquire().await?;
+        let locked: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(SHA1(CONCAT('idem migrations ', DATABASE())), ?)")
+                .bind(MIGRATION_LOCK_WAIT.as_secs())
+                .fetch_one(&mut *conn)
+                .await?;
+        if locked != Some(1) {
+            return Err(StoreError::unavailable(
+                "another instance held idem's migration lock for too long",
+            ));
+        }
+        let migrated = migrator()
+            .run_direct(&mut *conn)
+            .await
+            .map_err(StoreError::unavailable);
+        let unlocked =
+            sqlx::query("SELECT RELEASE_LOCK(SHA1(CONCAT('idem migrations ', DATABASE())))")
+                .execute(&mut *conn)
+                .await;
+        migrated?;
+        unlocked?;
+        Ok(())
     }
 
     /// Judges every time by `clock` instead of the server's clock (tests move a
@@ -477,9 +504,8 @@ impl MySqlStore {
         if keys.is_empty() {
             return Ok(());
         }
-        let mut insert = sqlx::QueryBuilder::<sqlx::MySql>::new(
-            "INSERT INTO idem_wakeups (scope, `key`, at) ",
-        );
+        let mut insert =
+            sqlx::QueryBuilder::<sqlx::MySql>::new("INSERT INTO idem_wakeups (scope, `key`, at) ");
         insert.push_values(keys, |mut row, (scope, key)| {
             row.push_bind(scope.as_slice())
                 .push_bind(key.as_slice())
@@ -500,7 +526,10 @@ impl MySqlStore {
             return Err(StoreError::fenced());
         }
         if done.last_insert_id() == 1 {
-            let named = (key.scope().as_bytes().to_vec(), key.key().as_bytes().to_vec());
+            let named = (
+                key.scope().as_bytes().to_vec(),
+                key.key().as_bytes().to_vec(),
+            );
             Self::wake_others(conn, &[named]).await?;
         }
         Ok(())
@@ -680,7 +709,10 @@ impl Store for MySqlStore {
         if done.rows_affected() != 1 {
             return Ok(false);
         }
-        let named = (key.scope().as_bytes().to_vec(), key.key().as_bytes().to_vec());
+        let named = (
+            key.scope().as_bytes().to_vec(),
+            key.key().as_bytes().to_vec(),
+        );
         Self::wake_others(&mut conn, &[named]).await?;
         drop(conn);
         self.waiters.notify(key);
@@ -691,19 +723,19 @@ impl Store for MySqlStore {
         use sqlx::Connection;
         let mut conn = self.acquire().await?;
         let mut tx = conn.begin().await?;
-        let keys: Vec<Vec<u8>> =
-            sqlx::query_scalar("SELECT `key` FROM idem_records WHERE scope = ? ORDER BY `key` LIMIT ? FOR UPDATE")
-                .bind(scope.as_bytes())
-                .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-                .fetch_all(&mut *tx)
-                .await?;
+        let keys: Vec<Vec<u8>> = sqlx::query_scalar(
+            "SELECT `key` FROM idem_records WHERE scope = ? ORDER BY `key` LIMIT ? FOR UPDATE",
+        )
+        .bind(scope.as_bytes())
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await?;
         if keys.is_empty() {
             tx.rollback().await?;
             return Ok(0);
         }
-        let mut delete = sqlx::QueryBuilder::<sqlx::MySql>::new(
-            "DELETE FROM idem_records WHERE scope = ",
-        );
+        let mut delete =
+            sqlx::QueryBuilder::<sqlx::MySql>::new("DELETE FROM idem_records WHERE scope = ");
         delete.push_bind(scope.as_bytes()).push(" AND `key` IN (");
         let mut list = delete.separated(", ");
         for key in &keys {
@@ -813,10 +845,10 @@ impl Purge for MySqlStore {
             .await?;
         // Wake-ups no poller can still need, on the server's clock (pollers read by it).
         sqlx::query(PURGE_WAKEUPS)
-        .bind(millis(WAKEUP_RETENTION))
-        .bind(batch)
-        .execute(&mut *conn)
-        .await?;
+            .bind(millis(WAKEUP_RETENTION))
+            .bind(batch)
+            .execute(&mut *conn)
+            .await?;
         Ok(done.rows_affected())
     }
 }
@@ -857,9 +889,7 @@ async fn poll_once(
     from: &mut Option<i64>,
 ) -> Result<(), sqlx::Error> {
     let Some(since) = *from else {
-        let now: i64 = sqlx::query_scalar(SERVER_NOW)
-            .fetch_one(pool)
-            .await?;
+        let now: i64 = sqlx::query_scalar(SERVER_NOW).fetch_one(pool).await?;
         *from = Some(now);
         return Ok(());
     };
@@ -905,14 +935,19 @@ fn decode(row: &MySqlRow) -> Result<Record, StoreError> {
                 fingerprint.len()
             ))
         })?;
-    let state: String = row.try_get("state").map_err(StoreError::corrupt)?;
+    // Text read as bytes: a join's result columns may come back with the binary character set.
+    let text = |column: &str| -> Result<String, StoreError> {
+        let bytes: Vec<u8> = row.try_get(column).map_err(StoreError::corrupt)?;
+        String::from_utf8(bytes).map_err(StoreError::corrupt)
+    };
+    let state = text("state")?;
     let state = match state.as_str() {
         "in_flight" => RecordState::InFlight {
             lease_until: Timestamp::from_millis(get_i64("lease_until")?),
         },
         "completed" => {
             let status: i32 = row.try_get("status").map_err(StoreError::corrupt)?;
-            let headers: String = row.try_get("headers").map_err(StoreError::corrupt)?;
+            let headers = text("headers")?;
             let body: Vec<u8> = row.try_get("body").map_err(StoreError::corrupt)?;
             RecordState::Completed {
                 response: StoredResponse {
