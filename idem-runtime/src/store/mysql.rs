@@ -747,7 +747,7 @@ impl Store for MySqlStore {
             .iter()
             .map(|key| (scope.as_bytes().to_vec(), key.clone()))
             .collect();
-        Self::wake_others(&mut *tx, &named).await?;
+        Self::wake_others(&mut tx, &named).await?;
         tx.commit().await?;
         drop(conn);
         for key in keys {
