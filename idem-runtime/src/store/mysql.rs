@@ -71,6 +71,7 @@
 //! [`MySqlStore::pool_options`] give up acquiring after [`DEFAULT_ACQUIRE_TIMEOUT`], and the store
 //! resumes by itself when the server returns.
 
+use super::tx::{OpenTx, TransactionalStore, Tx, TxHandle};
 use super::{
     Claim, ClaimOutcome, ClaimRule, Found, Listed, Purge, StateKind, Stats, Store, StoreError,
     Subscription, Waiters,
@@ -850,6 +851,54 @@ impl Purge for MySqlStore {
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected())
+    }
+}
+
+impl super::tx::sealed::Sealed for MySqlStore {}
+impl super::tx::sealed::Sealed for Tx<sqlx::MySql> {}
+
+impl TxHandle for Tx<sqlx::MySql> {
+    type Store = MySqlStore;
+
+    fn from_tx(tx: Self) -> Self {
+        tx
+    }
+}
+
+/// Transactional mode (see [`crate::transaction`]): the business transaction is a plain one on the
+/// store's pool, at the session's isolation (InnoDB's default, REPEATABLE READ, unless the
+/// application sets another), and the completion is the `COMPLETE` statement inside it, with its
+/// wake-up row if the record is awaited, both committed with the application's writes.
+///
+/// The claim commits on its own before the handler runs, so the completion updates a row that
+/// exists, by its primary key: a record lock, never a gap lock, and it holds no lock the
+/// application's statements could wait for before the handler's own writes. A deadlock (1213) or a
+/// lock wait timeout (1205) among those writes fails the handler's statement; if the handler then
+/// answers 5xx (or the commit fails), the transaction rolls back and the key is released, so the
+/// retry runs again as the same record.
+#[async_trait::async_trait]
+impl TransactionalStore for MySqlStore {
+    type Database = sqlx::MySql;
+
+    async fn begin_tx(&self) -> Result<OpenTx<sqlx::MySql>, sqlx::Error> {
+        Ok(OpenTx {
+            tx: self.pool.begin().await?,
+            _gate: None,
+        })
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::MySql>,
+        key: &RecordKey,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        Self::complete_on(tx, key, token, response).await
+    }
+
+    fn committed(&self, key: &RecordKey) {
+        self.waiters.notify(key);
     }
 }
 
