@@ -76,7 +76,10 @@ pub mod store;
 pub mod sweeper;
 mod sync;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod transaction;
 mod wait;
 mod waiters;
@@ -88,7 +91,10 @@ pub use policy::Policy;
 pub use record::{FencingToken, Record, RecordKey, RecordState, StoredResponse};
 pub use store::{Store, StoreError, StoreErrorKind};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub use transaction::{Transactional, Tx};
 
 /// The sqlx that idem's SQL stores are built on, so that an application names the same version
