@@ -203,3 +203,82 @@ async fn a_refused_write_rolls_back_and_the_retry_runs() {
     assert_eq!(b.ledger_rows().await, 1);
     assert_eq!(b.controls().runs(), 2);
 }
+
+/// The deadlock path: the handler's transaction has written its ledger row and idem's completion
+/// is next, while another transaction (heavier, so InnoDB rolls back the handler's instead) holds a
+/// shared lock on the record's row and waits for the handler's uncommitted ledger row. The
+/// completion's `UPDATE` closes the cycle; InnoDB answers 1213 and rolls the handler's transaction
+/// back. The request answers 503, nothing of it is stored, the key is released, and the retry runs
+/// again and writes once.
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deadlock_at_the_completion_rolls_back_and_the_retry_runs() {
+    let b = setup(None).await;
+    let body = json!({"amount": 7, "hold": "tx"});
+    let original = tokio::spawn(sent(
+        &b.router(),
+        post("/entries", "dora", "deadlock", body),
+    ));
+    b.controls().until_held(1).await;
+
+    let mut other = b.checks.begin().await.expect("begin");
+    for i in 0..50 {
+        sqlx::query("INSERT INTO parents (id) VALUES (?)")
+            .bind(format!("p{i}"))
+            .execute(&mut *other)
+            .await
+            .expect("weigh the other transaction");
+    }
+    let key = RecordKey::new("dora", "deadlock");
+    sqlx::query("SELECT token FROM idem_records WHERE scope = ? AND `key` = ? LOCK IN SHARE MODE")
+        .bind(key.scope().as_bytes())
+        .bind(key.key().as_bytes())
+        .fetch_one(&mut *other)
+        .await
+        .expect("share-lock the record's row");
+    let waiting = tokio::spawn(async move {
+        sqlx::query("SELECT COUNT(*) FROM (SELECT id FROM ledger FOR UPDATE) AS rows_locked")
+            .execute(&mut *other)
+            .await
+            .expect("the other transaction is not the victim");
+        other
+    });
+    until_lock_waits(&b.checks, 1).await;
+    b.controls().release.add_permits(1);
+
+    let original = original.await.expect("original");
+    assert_eq!(original.status, 503, "{original:?}");
+    waiting.await.expect("join").commit().await.expect("commit");
+    assert_eq!(b.ledger_rows().await, 0, "the handler's write rolled back");
+    assert!(b.record("dora", "deadlock").await.is_none(), "released");
+
+    let retry = send(
+        &b.router(),
+        post("/entries", "dora", "deadlock", json!({"amount": 7})),
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(b.ledger_rows().await, 1);
+    assert_eq!(b.controls().runs(), 2);
+}
+
+/// Returns once `n` InnoDB transactions wait for a lock; the bound only turns a hang into a failure.
+async fn until_lock_waits(checks: &MySqlPool, n: i64) {
+    tokio::time::timeout(HANG, async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+            )
+            .fetch_one(checks)
+            .await
+            .expect("innodb_trx");
+            if waiting >= n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} transactions never waited for a lock"));
+}
