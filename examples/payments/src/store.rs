@@ -5,6 +5,7 @@
 //! | unset | the ledger's database: [`SqliteStore`] or [`PostgresStore`] on the ledger's pool | the default |
 //! | `sqlite:...` | [`SqliteStore`] on that file | one instance |
 //! | `postgres://...` | [`PostgresStore`] on that database (tables in its `idem` schema) | many instances |
+//! | `mysql://...` | [`MySqlStore`] on that MySQL or MariaDB database (tables `idem_…`) | many instances |
 //! | `redis://host:port[/db][?prefix=name]` | [`RedisStore`], keys under `prefix` (default `idem`) | many instances |
 //! | `redis-cluster://host:port[,host:port…][?prefix=name]` | [`RedisClusterStore`] on the cluster of those seed nodes | many instances, past one Redis |
 //! | `memory` | [`MemoryStore`]: forgotten on restart; each key held in memory (about 1 KiB here) until its retention ends | tests, one process |
@@ -12,6 +13,7 @@
 use crate::ledger::{Database, Ledger};
 use crate::StartError;
 use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
@@ -118,6 +120,14 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
                 .map_err(|e| store_error("PostgreSQL", e))?;
             Ok(records(store, "PostgreSQL"))
         }
+        "mysql" | "mariadb" => {
+            // sqlx names both `mysql://`; `mariadb://` is accepted as the same.
+            let url = url.replacen("mariadb://", "mysql://", 1);
+            let store = MySqlStore::connect(&url)
+                .await
+                .map_err(|e| store_error("MySQL", e))?;
+            Ok(records(store, "MySQL/MariaDB"))
+        }
         "redis" | "redis+unix" => {
             let (url, prefix) = split_prefix(url);
             let mut builder = RedisStore::builder(url);
@@ -154,7 +164,7 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
             Ok(records)
         }
         other => Err(StartError::Unsupported(format!(
-            "IDEM_STORE_URL: no idempotency store for `{other}:` URLs; use postgres://..., \
+            "IDEM_STORE_URL: no idempotency store for `{other}:` URLs; use postgres://..., mysql://..., \
              redis://... (no TLS in this build), redis-cluster://host:port,host:port..., \
              sqlite:... or memory, or leave it unset to keep the records in DATABASE_URL"
         ))),

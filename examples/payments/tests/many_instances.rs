@@ -1,6 +1,7 @@
 //! Two processes of the payments binary share one PostgreSQL database (ledger and records), and
 //! again with the records in Redis, and in a Redis Cluster: identical requests split between them
-//! make one payment, and a retry that lands on the other instance replays.
+//! make one payment, and a retry that lands on the other instance replays; also with the records in
+//! MySQL/MariaDB.
 //!
 //! Each test gets a fresh database (and Redis or Redis Cluster key prefix), removed when it ends; the processes are
 //! killed when it ends, also on failure. Without the services the tests fail, saying how to start
@@ -8,7 +9,7 @@
 
 use crate::support::*;
 use idem_runtime::sqlx::{self, postgres::PgPool};
-use idem_tests::services::{RedisClusterPrefix, RedisPrefix, TestDb};
+use idem_tests::services::{MySqlTestDb, RedisClusterPrefix, RedisPrefix, TestDb};
 use std::sync::Arc;
 
 /// Sends 16 identical creates at once, alternating between `instances`, and checks that they are
@@ -179,6 +180,45 @@ async fn two_instances_with_the_records_in_a_redis_cluster() {
     // The records are in the cluster under the prefix (one per key), not in PostgreSQL.
     let keys: usize = cluster.keys().await.iter().map(|(_, k)| k.len()).sum();
     assert_eq!(keys, 3, "one record per key");
+    let in_postgres: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('idem.records')::text")
+            .fetch_one(&ledger)
+            .await
+            .expect("look for idem.records");
+    assert_eq!(in_postgres, None);
+}
+
+#[cfg_attr(
+    any(skip_postgres, skip_mysql),
+    ignore = "needs PostgreSQL and MySQL/MariaDB, skipped by IDEM_TEST_SKIP"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_with_the_records_in_mysql() {
+    let db = TestDb::create().await;
+    let records_db = MySqlTestDb::create().await;
+    let url = db.url();
+    let store_url = records_db.url();
+    let env: &[(&str, &str)] = &[
+        ("DATABASE_URL", &url),
+        ("IDEM_STORE_URL", &store_url),
+        ("PAYMENT_LATENCY_MS", "200"),
+    ];
+    let instances = Instance::start_all(&[env, env]);
+    let ledger = ledger_pool(&db).await;
+
+    sixteen_identical_creates_make_one_payment(&instances, &ledger).await;
+    a_retry_on_the_other_instance_replays(&instances[0], &instances[1]).await;
+    a_retry_on_the_other_instance_replays(&instances[1], &instances[0]).await;
+
+    // The records are in MariaDB (one per key), not in PostgreSQL.
+    let records = idem_runtime::sqlx::mysql::MySqlPool::connect_with(records_db.options())
+        .await
+        .expect("connect to the records' database");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records")
+        .fetch_one(&records)
+        .await
+        .expect("count the records");
+    assert_eq!(rows, 3, "one record per key");
     let in_postgres: Option<String> =
         sqlx::query_scalar("SELECT to_regclass('idem.records')::text")
             .fetch_one(&ledger)
