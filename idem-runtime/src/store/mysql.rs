@@ -100,8 +100,9 @@ pub const WAKEUP_RETENTION: Duration = Duration::from_secs(600);
 /// statement runs, and it becomes visible when it commits, an instant later.
 const POLL_OVERLAP_MS: i64 = 2_000;
 
-/// At most this many wake-up rows per poll.
-const POLL_BATCH: i64 = 1_000;
+/// At most this many wake-up rows per poll: more than the overlap window holds at any plausible
+/// rate of awaited completions, so that each poll moves past the rows it read.
+const POLL_BATCH: i64 = 10_000;
 
 /// How long [`MySqlStore::migrate`] waits for another instance's migrations to finish.
 const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(60);
@@ -937,10 +938,14 @@ async fn poll_once(
     seen: &mut HashMap<u64, i64>,
     from: &mut Option<i64>,
 ) -> Result<(), sqlx::Error> {
-    let Some(since) = *from else {
-        let now: i64 = sqlx::query_scalar(SERVER_NOW).fetch_one(pool).await?;
-        *from = Some(now);
-        return Ok(());
+    let since = match *from {
+        Some(since) => since,
+        // The first poll also reads what was written just before it: a waiter may have
+        // subscribed, and its key been completed, before this task first ran.
+        None => {
+            let now: i64 = sqlx::query_scalar(SERVER_NOW).fetch_one(pool).await?;
+            now.saturating_sub(POLL_OVERLAP_MS)
+        }
     };
     let low = since.saturating_sub(POLL_OVERLAP_MS);
     let rows = sqlx::query(
