@@ -63,6 +63,13 @@
 //! in any case at its lease's end or its wait's bound. The purge deletes wake-up rows older than
 //! [`WAKEUP_RETENTION`].
 //!
+//! # Transactional mode
+//!
+//! [`Transactional`](crate::transaction::Transactional) works on this store as on PostgreSQL: the
+//! claim commits first, the handler's writes go through `Tx<MySql>`, and the completion (with its
+//! wake-up row, if awaited) commits with them. See [`TransactionalStore`] for InnoDB's locks and
+//! deadlocks there.
+//!
 //! # Outages
 //!
 //! A database error is [`Unavailable`](super::StoreErrorKind::Unavailable) (503); a pool whose
