@@ -2,7 +2,7 @@
 //!
 //! | `IDEM_STORE_URL` | store | for |
 //! |---|---|---|
-//! | unset | the ledger's database: [`SqliteStore`] or [`PostgresStore`] on the ledger's pool | the default |
+//! | unset | the ledger's database: [`SqliteStore`], [`PostgresStore`] or [`MySqlStore`] on the ledger's pool | the default |
 //! | `sqlite:...` | [`SqliteStore`] on that file | one instance |
 //! | `postgres://...` | [`PostgresStore`] on that database (tables in its `idem` schema) | many instances |
 //! | `mysql://...` | [`MySqlStore`] on that MySQL or MariaDB database (tables `idem_…`) | many instances |
@@ -53,6 +53,8 @@ pub enum SharedStore {
     Sqlite(Arc<SqliteStore>),
     /// Both in one PostgreSQL database.
     Postgres(Arc<PostgresStore>),
+    /// Both in one MySQL or MariaDB database.
+    MySql(Arc<MySqlStore>),
 }
 
 impl std::fmt::Debug for Records {
@@ -88,6 +90,17 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
                 (
                     records_arc(store.clone(), "PostgreSQL, in the ledger's database"),
                     SharedStore::Postgres(store),
+                )
+            }
+            Database::MySql(pool) => {
+                let store = Arc::new(
+                    MySqlStore::from_pool(pool.clone())
+                        .await
+                        .map_err(|e| shared_error("MySQL", e))?,
+                );
+                (
+                    records_arc(store.clone(), "MySQL/MariaDB, in the ledger's database"),
+                    SharedStore::MySql(store),
                 )
             }
         };

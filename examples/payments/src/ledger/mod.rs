@@ -6,12 +6,15 @@
 //! a transaction of its own, e.g. one that also writes the idempotency record.
 
 use crate::StartError;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use serde::Serialize;
+use sqlx::mysql::MySqlPool;
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
+pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
 
@@ -48,6 +51,8 @@ pub enum Database {
     Sqlite(SqlitePool),
     /// A PostgreSQL database.
     Postgres(PgPool),
+    /// A MySQL or MariaDB database.
+    MySql(MySqlPool),
 }
 
 impl Database {
@@ -58,6 +63,7 @@ impl Database {
         match self {
             Database::Sqlite(pool) => pool.size() >= pool.options().get_max_connections(),
             Database::Postgres(pool) => pool.size() >= pool.options().get_max_connections(),
+            Database::MySql(pool) => pool.size() >= pool.options().get_max_connections(),
         }
     }
 }
@@ -75,6 +81,7 @@ impl Ledger {
         match crate::scheme(url) {
             "sqlite" => Ok(Self::open_sqlite(url).await?),
             "postgres" | "postgresql" => Ok(Self::open_postgres(url).await?),
+            "mysql" | "mariadb" => Ok(Self::open_mysql(url).await?),
             other => Err(StartError::Unsupported(format!(
                 "DATABASE_URL: the ledger needs a `sqlite:` or `postgres://` URL, not `{other}:` \
                  (e.g. sqlite://payments.db?mode=rwc or postgres://user@host/db)"
@@ -120,6 +127,17 @@ impl Ledger {
         })
     }
 
+    /// Connects to the MySQL or MariaDB database at `url` with the MySQL store's pool settings
+    /// ([`MySqlStore::pool_options`]), so the idempotency records can share this pool.
+    pub async fn open_mysql(url: &str) -> Result<Self, sqlx::Error> {
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        let pool = MySqlStore::pool_options().connect(&url).await?;
+        mysql::migrate(&pool).await?;
+        Ok(Self {
+            db: Database::MySql(pool),
+        })
+    }
+
     /// The database, for sharing it with the idempotency store.
     pub fn database(&self) -> &Database {
         &self.db
@@ -142,6 +160,9 @@ impl Ledger {
             Database::Postgres(pool) => {
                 postgres::insert(&mut *pool.acquire().await?, owner, &payment, charge_id).await
             }
+            Database::MySql(pool) => {
+                mysql::insert(&mut *pool.acquire().await?, owner, &payment, charge_id).await
+            }
         }
     }
 
@@ -155,6 +176,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::charge_of(pool, owner, id).await,
             Database::Postgres(pool) => postgres::charge_of(pool, owner, id).await,
+            Database::MySql(pool) => mysql::charge_of(pool, owner, id).await,
         }
     }
 
@@ -163,6 +185,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::list(pool, owner).await,
             Database::Postgres(pool) => postgres::list(pool, owner).await,
+            Database::MySql(pool) => mysql::list(pool, owner).await,
         }
     }
 
@@ -171,6 +194,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::get(pool, owner, id).await,
             Database::Postgres(pool) => postgres::get(pool, owner, id).await,
+            Database::MySql(pool) => mysql::get(pool, owner, id).await,
         }
     }
 
@@ -180,6 +204,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::refund(pool, owner, id).await,
             Database::Postgres(pool) => postgres::refund(pool, owner, id).await,
+            Database::MySql(pool) => mysql::refund(pool, owner, id).await,
         }
     }
 }
