@@ -1,4 +1,5 @@
-//! The payments ledger: one table, on SQLite or PostgreSQL, through runtime-checked queries.
+//! The payments ledger: one table, on SQLite, PostgreSQL or MySQL/MariaDB, through runtime-checked
+//! queries.
 //!
 //! [`Ledger`] is what the handlers use: it holds a pool and runs each operation on it. The two
 //! backends, [`sqlite`] and [`postgres`], hold the statements as functions over any sqlx executor
@@ -83,8 +84,8 @@ impl Ledger {
             "postgres" | "postgresql" => Ok(Self::open_postgres(url).await?),
             "mysql" | "mariadb" => Ok(Self::open_mysql(url).await?),
             other => Err(StartError::Unsupported(format!(
-                "DATABASE_URL: the ledger needs a `sqlite:` or `postgres://` URL, not `{other}:` \
-                 (e.g. sqlite://payments.db?mode=rwc or postgres://user@host/db)"
+                "DATABASE_URL: the ledger needs a `sqlite:`, `postgres://` or `mysql://` URL, not \
+                 `{other}:` (e.g. sqlite://payments.db?mode=rwc or postgres://user@host/db)"
             ))),
         }
     }
