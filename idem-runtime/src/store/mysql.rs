@@ -524,8 +524,8 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// Runs `sql` (`COMPLETE` or `RELEASE`, its binds given by `bind`) and, if the record was
-    /// watched, writes its wake-up.
+    /// Judges what `COMPLETE` or `RELEASE` did (`done`): fenced unless it changed the record, and a
+    /// wake-up row if the record was watched (`LAST_INSERT_ID(watched)` came back as 1).
     async fn finish(
         conn: &mut MySqlConnection,
         key: &RecordKey,
