@@ -795,7 +795,12 @@ impl ClaimGuard {
 
     /// Marks the claim as settled elsewhere (completed in a transaction, or given up): nothing is
     /// left to do when it is dropped.
-    #[cfg(any(feature = "axum", feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(
+        feature = "axum",
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql"
+    ))]
     pub(crate) fn settle(mut self) {
         self.settled = true;
     }

@@ -84,7 +84,12 @@ impl RecordKey {
     }
 
     /// A key read back from a store, already bounded (bounding it again would hash a hashed part).
-    #[cfg(any(feature = "postgres", feature = "redis", feature = "sqlite"))]
+    #[cfg(any(
+        feature = "postgres",
+        feature = "redis",
+        feature = "sqlite",
+        feature = "mysql"
+    ))]
     pub(crate) fn stored(scope: String, key: String) -> Self {
         Self { scope, key }
     }

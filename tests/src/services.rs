@@ -1,18 +1,19 @@
 //! Where the shared services are, and what a test does when one is not there.
 //!
-//! Tests read `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local services
+//! Tests read `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local services
 //! the development and CI machines run. The Redis Cluster is `IDEM_TEST_REDIS_CLUSTER_URL` if set;
 //! otherwise each test binary starts one of its own from the same `redis-server`, on free ports, and
 //! stops it when it exits (see [`crate::local_cluster`]). A test whose service is unreachable (or
 //! whose cluster cannot be started) fails, saying how to start it. To run without a service, name it in `IDEM_TEST_SKIP`
-//! (`postgres`, `redis`, `redis-cluster`): the
+//! (`postgres`, `mysql`, `redis`, `redis-cluster`): the
 //! tests that need it are then ignored, with the reason, and counted as such in `cargo test`'s
 //! summary (see `tests/build.rs`); under `CI=true` nothing is skipped.
 //!
-//! [`TestDb`], [`RedisPrefix`] and [`RedisClusterPrefix`] give a test a database or a key prefix of
+//! [`TestDb`], [`MySqlTestDb`], [`RedisPrefix`] and [`RedisClusterPrefix`] give a test a database or a key prefix of
 //! its own, removed when the test ends.
 
 use idem_runtime::redis;
+use idem_runtime::sqlx::mysql::MySqlConnectOptions;
 use idem_runtime::sqlx::postgres::PgConnectOptions;
 use idem_runtime::sqlx::{self, ConnectOptions};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +22,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub fn postgres_url() -> String {
     std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// The MySQL or MariaDB server URL for tests (a database of its own is created per test).
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 /// The Redis URL for tests.
@@ -75,6 +82,13 @@ const POSTGRES: Service = Service {
     url_var: "IDEM_TEST_POSTGRES_URL",
     start: "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
     skip: "postgres",
+};
+
+const MYSQL: Service = Service {
+    name: "MySQL/MariaDB",
+    url_var: "IDEM_TEST_MYSQL_URL",
+    start: "service mariadb start",
+    skip: "mysql",
 };
 
 const REDIS: Service = Service {
@@ -201,6 +215,99 @@ impl Drop for TestDb {
             runtime.block_on(async {
                 let mut conn = admin.connect().await.map_err(|e| e.to_string())?;
                 sqlx::raw_sql(&format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#))
+                    .execute(&mut conn)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!(
+                "could not drop test database {} ({dropped:?}); the next run drops it",
+                self.name
+            );
+        }
+    }
+}
+
+/// A MySQL/MariaDB database of its own on the server at [`mysql_url`], dropped with this value (also
+/// when the test fails). Named `idem_test_<unix seconds>_<uuid>`; databases of this form older than
+/// an hour (left by a killed run) are dropped when the next one is created.
+#[derive(Debug)]
+pub struct MySqlTestDb {
+    server: MySqlConnectOptions,
+    name: String,
+}
+
+impl MySqlTestDb {
+    /// Creates the database; fails the test, saying how to start the server, if it is unreachable.
+    pub async fn create() -> Self {
+        let url = mysql_url();
+        let server: MySqlConnectOptions = match url.parse() {
+            Ok(options) => options,
+            Err(e) => MYSQL.unreachable(&url, &e),
+        };
+        let mut admin = match server.connect().await {
+            Ok(conn) => conn,
+            Err(e) => MYSQL.unreachable(&url, &e),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let existing: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+             WHERE schema_name LIKE 'idem\\_test\\_%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .expect("list test databases");
+        for stale in existing.iter().filter(|name| {
+            created_secs(name).is_some_and(|t| now.saturating_sub(t) > STALE_AFTER_SECS)
+        }) {
+            // Another run may drop it at the same time: ignore the outcome.
+            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{stale}`"))
+                .execute(&mut admin)
+                .await;
+        }
+        let name = format!("{DB_PREFIX}{now}_{}", uuid::Uuid::new_v4().simple());
+        sqlx::raw_sql(&format!("CREATE DATABASE `{name}`"))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        Self { server, name }
+    }
+
+    /// Connection options for this database.
+    pub fn options(&self) -> MySqlConnectOptions {
+        self.server.clone().database(&self.name)
+    }
+
+    /// A `mysql://` URL of this database (for a process's `DATABASE_URL`).
+    pub fn url(&self) -> String {
+        self.options().to_url_lossy().to_string()
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for MySqlTestDb {
+    fn drop(&mut self) {
+        let admin = self.server.clone();
+        let name = self.name.clone();
+        // Drop may run inside or outside a runtime: do the blocking work on a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let mut conn = admin.connect().await.map_err(|e| e.to_string())?;
+                sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`"))
                     .execute(&mut conn)
                     .await
                     .map(|_| ())

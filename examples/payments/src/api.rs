@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem_runtime::axum::Attempt;
-use idem_runtime::sqlx::{Postgres, Sqlite};
+use idem_runtime::sqlx::{MySql, Postgres, Sqlite};
 use idem_runtime::{idempotent, Policy, Tx};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -185,6 +185,30 @@ pub(crate) async fn create_payment_in_postgres(
     let payment = Payment::captured(req.amount, &req.currency);
     let recorded = match tx.conn().await {
         Ok(conn) => crate::ledger::postgres::insert(conn, &user.id, &payment, &charge_id).await,
+        Err(e) => Err(e),
+    };
+    match recorded {
+        Ok(payment) => created(payment),
+        Err(e) => database_error(&e, app.ledger.database()),
+    }
+}
+
+/// `POST /payments` in transactional mode on MySQL/MariaDB (see [`create_payment_in_sqlite`]).
+#[idempotent(scope = "user", policy = PAYMENTS, transaction = "tx")]
+pub(crate) async fn create_payment_in_mysql(
+    State(app): State<AppState>,
+    user: AuthUser,
+    attempt: Attempt,
+    mut tx: Tx<MySql>,
+    problem::Json(req): problem::Json<NewPayment>,
+) -> Response {
+    let charge_id = match charge(&app, &user, &attempt, &req).await {
+        Ok(charge_id) => charge_id,
+        Err(response) => return response,
+    };
+    let payment = Payment::captured(req.amount, &req.currency);
+    let recorded = match tx.conn().await {
+        Ok(conn) => crate::ledger::mysql::insert(conn, &user.id, &payment, &charge_id).await,
         Err(e) => Err(e),
     };
     match recorded {

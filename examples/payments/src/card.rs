@@ -88,6 +88,12 @@ impl CardNetwork {
                     .execute(pool)
                     .await?;
             }
+            Database::MySql(pool) => {
+                sqlx::query("UPDATE card_charges SET refunded = TRUE WHERE id = ?")
+                    .bind(charge_id)
+                    .execute(pool)
+                    .await?;
+            }
         }
         tokio::time::sleep(self.latency).await;
         Ok(())
@@ -107,6 +113,15 @@ impl CardNetwork {
         Ok(match &self.db {
             Database::Sqlite(pool) => sqlx::query_as(LIST).bind(owner).fetch_all(pool).await?,
             Database::Postgres(pool) => sqlx::query_as(LIST).bind(owner).fetch_all(pool).await?,
+            Database::MySql(pool) => {
+                sqlx::query_as(
+                    "SELECT CAST(id AS CHAR), amount, CAST(currency AS CHAR), attempts, refunded
+                     FROM card_charges WHERE owner = ? ORDER BY seq",
+                )
+                .bind(owner)
+                .fetch_all(pool)
+                .await?
+            }
         }
         .into_iter()
         .map(charge)
@@ -148,6 +163,28 @@ impl CardNetwork {
                     .bind(currency)
                     .fetch_one(pool)
                     .await
+            }
+            // No `RETURNING` on MySQL: the upsert, then the charge's id by its key.
+            Database::MySql(pool) => {
+                sqlx::query(
+                    "INSERT INTO card_charges
+                       (idempotency_key, id, owner, amount, currency, attempts)
+                     VALUES (?, ?, ?, ?, ?, 1)
+                     ON DUPLICATE KEY UPDATE attempts = attempts + 1",
+                )
+                .bind(&key)
+                .bind(id)
+                .bind(owner)
+                .bind(amount)
+                .bind(currency)
+                .execute(pool)
+                .await?;
+                sqlx::query_scalar(
+                    "SELECT CAST(id AS CHAR) FROM card_charges WHERE idempotency_key = ?",
+                )
+                .bind(key)
+                .fetch_one(pool)
+                .await
             }
         }
     }

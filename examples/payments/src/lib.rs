@@ -68,6 +68,7 @@ use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use idem_runtime::axum::IdempotencyLayer;
 use idem_runtime::openapi::Idempotency;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::transaction::TransactionalStore;
@@ -206,6 +207,8 @@ pub enum Txn {
     Sqlite(Transactional<SqliteStore>),
     /// Ledger and records in one PostgreSQL database.
     Postgres(Transactional<PostgresStore>),
+    /// Ledger and records in one MySQL or MariaDB database.
+    MySql(Transactional<MySqlStore>),
 }
 
 /// The state of `POST /payments` in transactional mode: the app's, plus the transactional engine.
@@ -296,6 +299,10 @@ pub async fn state(config: &Config) -> Result<AppState, StartError> {
             let txn = Transactional::new(store);
             (txn.engine().clone(), Some(Txn::Postgres(txn)))
         }
+        Some(store::SharedStore::MySql(store)) => {
+            let txn = Transactional::new(store);
+            (txn.engine().clone(), Some(Txn::MySql(txn)))
+        }
         None => (Engine::from_arc(records.store), None),
     };
     let card = card::CardNetwork::new(ledger.database().clone(), config.payment_latency);
@@ -320,6 +327,10 @@ pub fn router(state: AppState) -> Router {
             app: state.clone(),
         }),
         Some(Txn::Postgres(txn)) => post(api::create_payment_in_postgres).with_state(TxState {
+            txn: txn.clone(),
+            app: state.clone(),
+        }),
+        Some(Txn::MySql(txn)) => post(api::create_payment_in_mysql).with_state(TxState {
             txn: txn.clone(),
             app: state.clone(),
         }),

@@ -2,9 +2,10 @@
 //!
 //! | `IDEM_STORE_URL` | store | for |
 //! |---|---|---|
-//! | unset | the ledger's database: [`SqliteStore`] or [`PostgresStore`] on the ledger's pool | the default |
+//! | unset | the ledger's database: [`SqliteStore`], [`PostgresStore`] or [`MySqlStore`] on the ledger's pool | the default |
 //! | `sqlite:...` | [`SqliteStore`] on that file | one instance |
 //! | `postgres://...` | [`PostgresStore`] on that database (tables in its `idem` schema) | many instances |
+//! | `mysql://...` | [`MySqlStore`] on that MySQL or MariaDB database (tables `idem_…`) | many instances |
 //! | `redis://host:port[/db][?prefix=name]` | [`RedisStore`], keys under `prefix` (default `idem`) | many instances |
 //! | `redis-cluster://host:port[,host:port…][?prefix=name]` | [`RedisClusterStore`] on the cluster of those seed nodes | many instances, past one Redis |
 //! | `memory` | [`MemoryStore`]: forgotten on restart; each key held in memory (about 1 KiB here) until its retention ends | tests, one process |
@@ -12,6 +13,7 @@
 use crate::ledger::{Database, Ledger};
 use crate::StartError;
 use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
@@ -51,6 +53,8 @@ pub enum SharedStore {
     Sqlite(Arc<SqliteStore>),
     /// Both in one PostgreSQL database.
     Postgres(Arc<PostgresStore>),
+    /// Both in one MySQL or MariaDB database.
+    MySql(Arc<MySqlStore>),
 }
 
 impl std::fmt::Debug for Records {
@@ -88,6 +92,17 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
                     SharedStore::Postgres(store),
                 )
             }
+            Database::MySql(pool) => {
+                let store = Arc::new(
+                    MySqlStore::from_pool(pool.clone())
+                        .await
+                        .map_err(|e| shared_error("MySQL", e))?,
+                );
+                (
+                    records_arc(store.clone(), "MySQL/MariaDB, in the ledger's database"),
+                    SharedStore::MySql(store),
+                )
+            }
         };
         records.shares_ledger_database = true;
         records.shared = Some(shared);
@@ -117,6 +132,14 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
                 .await
                 .map_err(|e| store_error("PostgreSQL", e))?;
             Ok(records(store, "PostgreSQL"))
+        }
+        "mysql" | "mariadb" => {
+            // sqlx names both `mysql://`; `mariadb://` is accepted as the same.
+            let url = url.replacen("mariadb://", "mysql://", 1);
+            let store = MySqlStore::connect(&url)
+                .await
+                .map_err(|e| store_error("MySQL", e))?;
+            Ok(records(store, "MySQL/MariaDB"))
         }
         "redis" | "redis+unix" => {
             let (url, prefix) = split_prefix(url);
@@ -154,7 +177,7 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
             Ok(records)
         }
         other => Err(StartError::Unsupported(format!(
-            "IDEM_STORE_URL: no idempotency store for `{other}:` URLs; use postgres://..., \
+            "IDEM_STORE_URL: no idempotency store for `{other}:` URLs; use postgres://..., mysql://..., \
              redis://... (no TLS in this build), redis-cluster://host:port,host:port..., \
              sqlite:... or memory, or leave it unset to keep the records in DATABASE_URL"
         ))),

@@ -72,9 +72,20 @@ async fn distinct_keys_run_side_by_side_on_the_default_configuration() {
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_keys_sent_sixteen_times_to_two_instances_on_postgres() {
+    two_hundred_keys_sent_sixteen_times_to_two_instances(Stores::postgres().await).await;
+}
+
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_keys_sent_sixteen_times_to_two_instances_on_mysql() {
+    two_hundred_keys_sent_sixteen_times_to_two_instances(Stores::mysql().await).await;
+}
+
+/// Sixteen copies of each of 200 keys, split between two instances on `stores`' shared database:
+/// one charge and one payment per key, each key run once and its copies replayed.
+async fn two_hundred_keys_sent_sixteen_times_to_two_instances(stores: Stores) {
     const KEYS: usize = 200;
     const COPIES: usize = 16;
-    let stores = Stores::postgres().await;
     let instances = stores.start_many(2, &[("PAYMENT_LATENCY_MS", "400")]);
     let client = client();
     let user = fresh_user();
@@ -116,11 +127,11 @@ async fn two_hundred_keys_sent_sixteen_times_to_two_instances_on_postgres() {
         *outcomes.entry(answer).or_default() += 1;
     }
     println!("{} requests in {elapsed:?}: {outcomes:?}", KEYS * COPIES);
-    // PostgreSQL is up throughout: an answer may say "busy" (a pool's connections all in use on a
-    // starved machine), never "unavailable".
+    // The database is up throughout: an answer may say "busy" (a pool's connections all in use on
+    // a starved machine), never "unavailable".
     assert!(
         outcomes.keys().all(|o| !o.contains("unavailable")),
-        "PostgreSQL is up, nothing is unavailable: {outcomes:?}"
+        "the database is up, nothing is unavailable: {outcomes:?}"
     );
     let effects = Effects::of(&client, &instances[0], &user).await;
     assert_eq!(effects.assert_each_once(KEYS), [1; KEYS]);

@@ -62,6 +62,12 @@ async fn on_postgres_transactional() {
     hang_ups_strand_no_key(Stores::postgres().await).await;
 }
 
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql_transactional() {
+    hang_ups_strand_no_key(Stores::mysql().await).await;
+}
+
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_records() {

@@ -64,6 +64,12 @@ async fn on_postgres() {
     every_key_is_charged_and_paid_once_after_a_crash(Stores::postgres().await).await;
 }
 
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql() {
+    every_key_is_charged_and_paid_once_after_a_crash(Stores::mysql().await).await;
+}
+
 #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_records_in_redis() {

@@ -40,6 +40,12 @@ async fn on_postgres_transactional() {
     a_long_user_id_pays_once_and_replays(Stores::postgres().await).await;
 }
 
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql_transactional() {
+    a_long_user_id_pays_once_and_replays(Stores::mysql().await).await;
+}
+
 #[cfg_attr(skip_postgres, ignore = "needs PostgreSQL, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_records() {

@@ -70,6 +70,12 @@ async fn on_postgres() {
     sigterm_finishes_the_payments_in_flight_then_exits_0(Stores::postgres().await).await;
 }
 
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql() {
+    sigterm_finishes_the_payments_in_flight_then_exits_0(Stores::mysql().await).await;
+}
+
 #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_records_in_redis() {

@@ -54,6 +54,12 @@ async fn on_postgres() {
     a_duplicate_after_the_first_lease_waits_and_replays(Stores::postgres().await).await;
 }
 
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql() {
+    a_duplicate_after_the_first_lease_waits_and_replays(Stores::mysql().await).await;
+}
+
 #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_records_in_redis() {

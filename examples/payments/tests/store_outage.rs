@@ -6,7 +6,7 @@
 use crate::support::*;
 use idem_runtime::sqlx::ConnectOptions;
 use idem_tests::proxy::{self, Proxy};
-use idem_tests::services::{RedisPrefix, TestDb};
+use idem_tests::services::{MySqlTestDb, RedisPrefix, TestDb};
 use std::time::Duration;
 
 /// How often, and how many times, a request is sent again while waiting for the store to come back:
@@ -85,6 +85,25 @@ async fn records_in_postgres() {
     let proxy = Proxy::start(server).await;
     // The ledger connects directly; the records go through the proxy, to the same database.
     let ledger = db.url();
+    let store = direct
+        .host(&proxy.addr().ip().to_string())
+        .port(proxy.addr().port())
+        .to_url_lossy()
+        .to_string();
+    let instance = Instance::start(&[("DATABASE_URL", &ledger), ("IDEM_STORE_URL", &store)]);
+    an_outage_answers_503_and_service_resumes_by_itself(&instance, &proxy).await;
+}
+
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_in_mysql() {
+    let db = MySqlTestDb::create().await;
+    let direct = db.options();
+    let server = proxy::resolve(&format!("{}:{}", direct.get_host(), direct.get_port())).await;
+    let proxy = Proxy::start(server).await;
+    // The ledger is a SQLite file; the records go through the proxy to MariaDB.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = format!("sqlite://{}/payments.db?mode=rwc", dir.path().display());
     let store = direct
         .host(&proxy.addr().ip().to_string())
         .port(proxy.addr().port())

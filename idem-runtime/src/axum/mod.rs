@@ -146,7 +146,7 @@ mod request;
 mod respond;
 mod run;
 pub mod scope;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod transactional;
 
 pub use attempt::Attempt;

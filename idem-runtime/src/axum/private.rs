@@ -247,19 +247,19 @@ where
 /// Extracts the [`Transactional`](crate::transaction::Transactional) engine for a handler whose
 /// transaction parameter has type `T` from the router state, so that a router whose state holds
 /// none fails to compile. `T` must be an idem transaction type.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub struct TxState<T: crate::transaction::TxHandle>(
     pub crate::transaction::Transactional<T::Store>,
 );
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl<T: crate::transaction::TxHandle> std::fmt::Debug for TxState<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("TxState").field(&self.0).finish()
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl<S, T> FromRequestParts<S> for TxState<T>
 where
     T: crate::transaction::TxHandle,
@@ -274,7 +274,7 @@ where
 }
 
 /// [`run`] in transactional mode: `handler` receives the transaction the key was claimed in.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub async fn run_transactional<T, B, F, Fut, R>(
     txn: TxState<T>,
     policy: &'static Policy,

@@ -52,4 +52,11 @@ mod tests {
         let ours = crate::store::postgres::migrator();
         same(&ours, &sqlx::migrate!("./migrations/postgres"));
     }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_lists_what_sqlx_migrate_reads() {
+        let ours = crate::store::mysql::migrator();
+        same(&ours, &sqlx::migrate!("./migrations/mysql"));
+    }
 }

@@ -18,7 +18,8 @@
 //! # Time is the store's
 //!
 //! Every instant a record carries (its creation, the lease's end, the expiry, the end of retention)
-//! is set **and judged** by the store's own clock: PostgreSQL's `clock_timestamp()`, Redis's `TIME`
+//! is set **and judged** by the store's own clock: PostgreSQL's `clock_timestamp()`, MySQL's and
+//! MariaDB's `UTC_TIMESTAMP(6)`, Redis's `TIME`
 //! inside the script that decides (each Redis Cluster node its own, and a record lives on one node),
 //! and the process's clock for the memory and SQLite stores, which live in one machine. The engine
 //! sends durations ([`Claim::lease`], [`Claim::ttl`], [`Claim::retain`]) and reads instants back
@@ -39,8 +40,11 @@ use std::time::Duration;
 pub use crate::waiters::{Subscription, Waiters};
 
 pub mod memory;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod migrations;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -50,8 +54,11 @@ pub mod redis;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod tx;
 
 /// One claim attempt: the key, the request's fingerprint, the token the claim will carry, and the
@@ -248,7 +255,7 @@ impl StoreError {
 /// A pool that gave no connection within its acquire timeout is [busy](StoreErrorKind::Busy): the
 /// database is up, the service is short of connections. Every other error is
 /// [unavailable](StoreErrorKind::Unavailable).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
         let kind = match error {
@@ -428,7 +435,7 @@ pub trait Store: Send + Sync + 'static {
         let _ = key;
         Ok(())
     }
-    /// What kind of store this is (`memory`, `sqlite`, `postgres`, `redis`), for the `store` label
+    /// What kind of store this is (`memory`, `sqlite`, `postgres`, `mysql`, `redis`), for the `store` label
     /// of idem's [metrics](crate::metrics). A store that wraps another forwards it.
     fn kind(&self) -> &'static str {
         "custom"

@@ -22,8 +22,9 @@ pub struct OpenTx<DB: Database> {
 }
 
 /// A store whose records can be completed inside the application's own transaction: the
-/// PostgreSQL (`store::postgres::PostgresStore`, feature `postgres`) and SQLite
-/// (`store::sqlite::SqliteStore`, feature `sqlite`) stores. Sealed: use it through
+/// PostgreSQL (`store::postgres::PostgresStore`, feature `postgres`), MySQL/MariaDB
+/// (`store::mysql::MySqlStore`, feature `mysql`) and SQLite (`store::sqlite::SqliteStore`, feature
+/// `sqlite`) stores. Sealed: use it through
 /// [`Transactional`](crate::transaction::Transactional).
 #[async_trait::async_trait]
 pub trait TransactionalStore: Store + sealed::Sealed {

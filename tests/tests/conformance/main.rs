@@ -2,6 +2,7 @@
 //! and a Redis Cluster primary killed under load.
 
 mod memory;
+mod mysql;
 mod postgres;
 mod redis;
 mod redis_cluster;

@@ -1,5 +1,5 @@
 //! Backends for the model-based and fault-injection tests: the same stores the conformance suite
-//! runs on, set up the same way (a temporary SQLite file, a PostgreSQL database of its own, a Redis
+//! runs on, set up the same way (a temporary SQLite file, a PostgreSQL or MySQL database of its own, a Redis
 //! or Redis Cluster key prefix of its own), each cleaned up when dropped.
 //!
 //! These tests open a backend once per test and give every generated case scopes of its own, so that
@@ -10,6 +10,7 @@
 use idem_runtime::clock::Clock;
 use idem_runtime::sqlx::postgres::PgConnectOptions;
 use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
@@ -107,6 +108,39 @@ impl Backend for Postgres {
 pub async fn postgres() -> Postgres {
     Postgres {
         db: services::TestDb::create().await,
+    }
+}
+
+/// A MySQL/MariaDB database of its own (`services::MySqlTestDb`: named like every test database,
+/// dropped with this value).
+pub struct MySql {
+    db: services::MySqlTestDb,
+}
+
+#[async_trait::async_trait]
+impl Backend for MySql {
+    type Store = MySqlStore;
+    async fn open(&self, clock: Arc<dyn Clock>) -> MySqlStore {
+        let pool = MySqlStore::pool_options()
+            .max_connections(4)
+            .connect_with(self.db.options())
+            .await
+            .expect("connect to the test database");
+        let store = MySqlStore::from_pool(pool).await.expect("migrate");
+        store.with_clock(clock)
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+    async fn unreachable(&self) -> Option<MySqlStore> {
+        None
+    }
+}
+
+/// A fresh MySQL/MariaDB database.
+pub async fn mysql() -> MySql {
+    MySql {
+        db: services::MySqlTestDb::create().await,
     }
 }
 

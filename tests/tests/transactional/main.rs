@@ -1,8 +1,9 @@
-//! Transactional mode over HTTP on SQLite and PostgreSQL, and its crash tests with real processes.
+//! Transactional mode over HTTP on SQLite, PostgreSQL and MySQL/MariaDB, and its crash tests with real processes.
 
 #[macro_use]
 mod transactional_support;
 
 mod crash;
+mod mysql;
 mod postgres;
 mod sqlite;

@@ -88,6 +88,20 @@ impl Ledger for Tx<Postgres> {
     }
 }
 
+/// MySQL's placeholders are `?`, not `$n`.
+#[async_trait::async_trait]
+impl Ledger for Tx<sqlx::MySql> {
+    async fn insert(&mut self, row: &Row<'_>) -> Result<(), sqlx::Error> {
+        let query =
+            sqlx::query("INSERT INTO ledger (id, owner, amount, parent) VALUES (?, ?, ?, ?)")
+                .bind(row.id)
+                .bind(row.owner)
+                .bind(row.amount)
+                .bind(row.parent);
+        query.execute(self.conn().await?).await.map(drop)
+    }
+}
+
 /// What a handler run saw of its attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Run {

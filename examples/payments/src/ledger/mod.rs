@@ -1,4 +1,5 @@
-//! The payments ledger: one table, on SQLite or PostgreSQL, through runtime-checked queries.
+//! The payments ledger: one table, on SQLite, PostgreSQL or MySQL/MariaDB, through runtime-checked
+//! queries.
 //!
 //! [`Ledger`] is what the handlers use: it holds a pool and runs each operation on it. The two
 //! backends, [`sqlite`] and [`postgres`], hold the statements as functions over any sqlx executor
@@ -6,12 +7,15 @@
 //! a transaction of its own, e.g. one that also writes the idempotency record.
 
 use crate::StartError;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use serde::Serialize;
+use sqlx::mysql::MySqlPool;
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
+pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
 
@@ -51,6 +55,8 @@ pub enum Database {
     Sqlite(SqlitePool),
     /// A PostgreSQL database.
     Postgres(PgPool),
+    /// A MySQL or MariaDB database.
+    MySql(MySqlPool),
 }
 
 impl Database {
@@ -61,6 +67,7 @@ impl Database {
         match self {
             Database::Sqlite(pool) => pool.size() >= pool.options().get_max_connections(),
             Database::Postgres(pool) => pool.size() >= pool.options().get_max_connections(),
+            Database::MySql(pool) => pool.size() >= pool.options().get_max_connections(),
         }
     }
 }
@@ -78,9 +85,10 @@ impl Ledger {
         match crate::scheme(url) {
             "sqlite" => Ok(Self::open_sqlite(url).await?),
             "postgres" | "postgresql" => Ok(Self::open_postgres(url).await?),
+            "mysql" | "mariadb" => Ok(Self::open_mysql(url).await?),
             other => Err(StartError::Unsupported(format!(
-                "DATABASE_URL: the ledger needs a `sqlite:` or `postgres://` URL, not `{other}:` \
-                 (e.g. sqlite://payments.db?mode=rwc or postgres://user@host/db)"
+                "DATABASE_URL: the ledger needs a `sqlite:`, `postgres://` or `mysql://` URL, not \
+                 `{other}:` (e.g. sqlite://payments.db?mode=rwc or postgres://user@host/db)"
             ))),
         }
     }
@@ -123,6 +131,17 @@ impl Ledger {
         })
     }
 
+    /// Connects to the MySQL or MariaDB database at `url` with the MySQL store's pool settings
+    /// ([`MySqlStore::pool_options`]), so the idempotency records can share this pool.
+    pub async fn open_mysql(url: &str) -> Result<Self, sqlx::Error> {
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        let pool = MySqlStore::pool_options().connect(&url).await?;
+        mysql::migrate(&pool).await?;
+        Ok(Self {
+            db: Database::MySql(pool),
+        })
+    }
+
     /// The database, for sharing it with the idempotency store.
     pub fn database(&self) -> &Database {
         &self.db
@@ -145,6 +164,9 @@ impl Ledger {
             Database::Postgres(pool) => {
                 postgres::insert(&mut *pool.acquire().await?, owner, &payment, charge_id).await
             }
+            Database::MySql(pool) => {
+                mysql::insert(&mut *pool.acquire().await?, owner, &payment, charge_id).await
+            }
         }
     }
 
@@ -158,6 +180,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::charge_of(pool, owner, id).await,
             Database::Postgres(pool) => postgres::charge_of(pool, owner, id).await,
+            Database::MySql(pool) => mysql::charge_of(pool, owner, id).await,
         }
     }
 
@@ -166,6 +189,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::list(pool, owner).await,
             Database::Postgres(pool) => postgres::list(pool, owner).await,
+            Database::MySql(pool) => mysql::list(pool, owner).await,
         }
     }
 
@@ -174,6 +198,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::get(pool, owner, id).await,
             Database::Postgres(pool) => postgres::get(pool, owner, id).await,
+            Database::MySql(pool) => mysql::get(pool, owner, id).await,
         }
     }
 
@@ -203,6 +228,7 @@ impl Ledger {
         match &self.db {
             Database::Sqlite(pool) => sqlite::refund(pool, owner, id).await,
             Database::Postgres(pool) => postgres::refund(pool, owner, id).await,
+            Database::MySql(pool) => mysql::refund(pool, owner, id).await,
         }
     }
 }

@@ -566,6 +566,7 @@ pub(crate) struct Stores {
     env: Vec<(&'static str, String)>,
     _dir: tempfile::TempDir,
     _db: Option<idem_tests::services::TestDb>,
+    _mysql: Option<idem_tests::services::MySqlTestDb>,
     _redis: Option<idem_tests::services::RedisPrefix>,
     _cluster: Option<idem_tests::services::RedisClusterPrefix>,
 }
@@ -582,6 +583,14 @@ impl Stores {
         let db = idem_tests::services::TestDb::create().await;
         let mut stores = Self::new(vec![("DATABASE_URL", db.url())], tempdir());
         stores._db = Some(db);
+        stores
+    }
+
+    /// Ledger and records in one MySQL/MariaDB database (`POST /payments` transactional).
+    pub(crate) async fn mysql() -> Self {
+        let db = idem_tests::services::MySqlTestDb::create().await;
+        let mut stores = Self::new(vec![("DATABASE_URL", db.url())], tempdir());
+        stores._mysql = Some(db);
         stores
     }
 
@@ -642,6 +651,7 @@ impl Stores {
             env,
             _dir: dir,
             _db: None,
+            _mysql: None,
             _redis: None,
             _cluster: None,
         }
