@@ -565,7 +565,7 @@ fn resolve_transaction(
     scope: Option<&ScopeSource>,
     errors: &mut Errors,
 ) -> Option<usize> {
-    let example = "`tx: idem_runtime::Tx<idem_runtime::sqlx::Postgres>` (or `Sqlite`)";
+    let example = "`tx: idem_runtime::Tx<idem_runtime::sqlx::Postgres>` (or `Sqlite`, `MySql`)";
     let (index, pi, pt, wanted) = find_param(w, sig, example, errors)?;
     if let Some(ScopeSource::Param(ident, _)) = scope {
         if ident.unraw() == wanted {

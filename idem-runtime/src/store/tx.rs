@@ -179,7 +179,7 @@ impl<DB: Database> Drop for Tx<DB> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idem transaction type",
     label = "the `transaction` parameter must be `idem_runtime::Tx<Postgres>` or `idem_runtime::Tx<Sqlite>`",
-    note = "write the parameter as `tx: idem_runtime::Tx<idem_runtime::sqlx::Postgres>` (or `Sqlite`) and run queries on `tx.conn().await?`"
+    note = "write the parameter as `tx: idem_runtime::Tx<idem_runtime::sqlx::Postgres>` (or `Sqlite`, `MySql`) and run queries on `tx.conn().await?`"
 )]
 pub trait TxHandle: sealed::Sealed + Send + 'static {
     /// The store whose transactions this handle carries.
