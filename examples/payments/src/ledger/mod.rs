@@ -218,6 +218,7 @@ impl Ledger {
                 let row = sqlx::query(POSTGRES).bind(id).fetch_optional(pool).await?;
                 row.as_ref().map(payment).transpose()
             }
+            Database::MySql(pool) => mysql::dispute(pool, id).await,
         };
         row
     }

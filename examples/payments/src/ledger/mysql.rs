@@ -60,7 +60,7 @@ pub async fn insert(
     .await?;
     let row = sqlx::query(
         "SELECT CAST(id AS CHAR) AS id, amount, CAST(currency AS CHAR) AS currency,
-                CAST(status AS CHAR) AS status
+                CAST(status AS CHAR) AS status, disputes
          FROM payments WHERE charge_id = ?",
     )
     .bind(charge_id)
@@ -89,7 +89,7 @@ pub async fn list<'e>(
 ) -> Result<Vec<Payment>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT CAST(id AS CHAR) AS id, amount, CAST(currency AS CHAR) AS currency,
-                CAST(status AS CHAR) AS status
+                CAST(status AS CHAR) AS status, disputes
          FROM payments WHERE owner = ? ORDER BY seq",
     )
     .bind(owner)
@@ -106,7 +106,7 @@ pub async fn get<'e>(
 ) -> Result<Option<Payment>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT CAST(id AS CHAR) AS id, amount, CAST(currency AS CHAR) AS currency,
-                CAST(status AS CHAR) AS status
+                CAST(status AS CHAR) AS status, disputes
          FROM payments WHERE owner = ? AND id = ?",
     )
     .bind(owner)
@@ -132,4 +132,24 @@ pub async fn refund(
     let found = get(&mut *tx, owner, id).await?;
     tx.commit().await?;
     Ok(found)
+}
+
+/// Counts a dispute for the payment `id`, whoever owns it (see [`super::Ledger::dispute`]): the
+/// update, then the read, in one transaction.
+pub async fn dispute(pool: &sqlx::MySqlPool, id: &str) -> Result<Option<Payment>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE payments SET disputes = disputes + 1 WHERE id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(
+        "SELECT CAST(id AS CHAR) AS id, amount, CAST(currency AS CHAR) AS currency,
+                CAST(status AS CHAR) AS status, disputes
+         FROM payments WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    row.as_ref().map(payment).transpose()
 }
