@@ -20,8 +20,8 @@ pub struct Opened {
     pub store: Arc<dyn Store>,
     /// The same store, for a [`Sweeper`](crate::sweeper::Sweeper).
     pub purge: Arc<dyn Purge>,
-    /// A short description for logs and tools (never a password): `SQLite`, `Redis, prefix
-    /// `idem``, ….
+    /// A short description for logs and tools (never a password), such as "SQLite" or "Redis,
+    /// prefix `idem`".
     pub describe: String,
 }
 
