@@ -33,8 +33,8 @@ struct Cli {
 /// Where the records are, and how to print.
 #[derive(Debug, Args)]
 struct Store {
-    /// The store's URL: sqlite:path, postgres://…, redis://host:port[/db][?prefix=name],
-    /// redis-cluster://host:port,host:port…[?prefix=name].
+    /// The store's URL: sqlite:path, postgres://…, redis://host:port/db?prefix=name (db and
+    /// prefix optional), redis-cluster://host:port,host:port…?prefix=name.
     #[arg(
         long,
         env = "IDEM_STORE_URL",
