@@ -279,7 +279,7 @@ async fn every_command(seeded: Seeded) {
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(
         run.json(),
-        serde_json::json!({"scope": "alice", "erased": 2})
+        serde_json::json!({"scope": "alice", "erased": 3})
     );
     for key in ["order-1", "order-2", "order-3"] {
         assert!(!exists(store, "alice", key).await, "alice/{key} erased");
