@@ -544,8 +544,14 @@ impl Contract {
         let late = self.send(keyed(request(Caller::First), Some(&key))).await?;
         let ran = self.runs().await - before;
         if late.status != StatusCode::GONE {
+            let hint = if late.replayed() {
+                " (it was replayed: is the clock given to `Contract::clock` the one the store \
+                 judges time by, `with_clock`?)"
+            } else {
+                ""
+            };
             return fail(format!(
-                "a retry after the key's ttl was answered {} instead of 410 Gone",
+                "a retry after the key's ttl was answered {} instead of 410 Gone{hint}",
                 late.status
             ));
         }
