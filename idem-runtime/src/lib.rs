@@ -50,6 +50,8 @@
 //!   the effect and its stored response commit together: exactly once, even across crashes.
 //! - `openapi` (feature `utoipa`) documents each idempotent handler's key header, replay headers
 //!   and problem responses in the application's OpenAPI document.
+//! - `testkit` (feature `testkit`) checks idem's contract on an application's own handlers, from
+//!   its own tests.
 //! - `client` (feature `client`) is the caller's half: a retrying reqwest client that sends one key
 //!   per logical request and retries only where a retry can help.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -77,6 +79,9 @@ pub mod source;
 pub mod store;
 pub mod sweeper;
 mod sync;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(
     docsrs,

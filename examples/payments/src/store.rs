@@ -1,23 +1,22 @@
-//! Where the idempotency records live, chosen by URL.
+//! Where the idempotency records live, chosen by URL (parsed by
+//! [`idem_runtime::store::open`], the same parser the `idem` tool uses).
 //!
 //! | `IDEM_STORE_URL` | store | for |
 //! |---|---|---|
 //! | unset | the ledger's database: [`SqliteStore`], [`PostgresStore`] or [`MySqlStore`] on the ledger's pool | the default |
 //! | `sqlite:...` | [`SqliteStore`] on that file | one instance |
 //! | `postgres://...` | [`PostgresStore`] on that database (tables in its `idem` schema) | many instances |
-//! | `mysql://...` | [`MySqlStore`] on that MySQL or MariaDB database (tables `idem_…`) | many instances |
-//! | `redis://host:port[/db][?prefix=name]` | [`RedisStore`], keys under `prefix` (default `idem`) | many instances |
-//! | `redis-cluster://host:port[,host:port…][?prefix=name]` | [`RedisClusterStore`] on the cluster of those seed nodes | many instances, past one Redis |
-//! | `memory` | [`MemoryStore`]: forgotten on restart; each key held in memory (about 1 KiB here) until its retention ends | tests, one process |
+//! | `mysql://...` | `MySqlStore` on that MySQL or MariaDB database (tables `idem_…`) | many instances |
+//! | `redis://host:port[/db][?prefix=name]` | `RedisStore`, keys under `prefix` (default `idem`) | many instances |
+//! | `redis-cluster://host:port[,host:port…][?prefix=name]` | `RedisClusterStore` on the cluster of those seed nodes | many instances, past one Redis |
+//! | `memory` | `MemoryStore`: forgotten on restart; each key held in memory (about 1 KiB here) until its retention ends | tests, one process |
 
 use crate::ledger::{Database, Ledger};
 use crate::StartError;
-use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
-use idem_runtime::store::Purge;
+use idem_runtime::store::{OpenError, OpenOptions, Purge};
 use idem_runtime::sweeper::Sweeper;
 use idem_runtime::Store;
 use std::sync::Arc;
@@ -108,84 +107,30 @@ pub async fn open(idem_store_url: Option<&str>, ledger: &Ledger) -> Result<Recor
         records.shared = Some(shared);
         return Ok(records);
     };
-    match crate::scheme(url) {
-        "memory" => {
-            tracing::warn!("idempotency records in memory: a restart forgets them");
-            Ok(records(MemoryStore::new(), "memory"))
-        }
-        "sqlite" => {
-            let options = SqliteStore::options(url)
-                .map_err(|e| store_error("SQLite", e))?
-                .create_if_missing(true);
-            if let Some(dir) = options.get_filename().parent() {
-                if !dir.as_os_str().is_empty() {
-                    std::fs::create_dir_all(dir)?;
-                }
-            }
-            let store = SqliteStore::connect_with(options)
-                .await
-                .map_err(|e| store_error("SQLite", e))?;
-            Ok(records(store, "SQLite"))
-        }
-        "postgres" | "postgresql" => {
-            let store = PostgresStore::connect(url)
-                .await
-                .map_err(|e| store_error("PostgreSQL", e))?;
-            Ok(records(store, "PostgreSQL"))
-        }
-        "mysql" | "mariadb" => {
-            // sqlx names both `mysql://`; `mariadb://` is accepted as the same.
-            let url = url.replacen("mariadb://", "mysql://", 1);
-            let store = MySqlStore::connect(&url)
-                .await
-                .map_err(|e| store_error("MySQL", e))?;
-            Ok(records(store, "MySQL/MariaDB"))
-        }
-        "redis" | "redis+unix" => {
-            let (url, prefix) = split_prefix(url);
-            let mut builder = RedisStore::builder(url);
-            if let Some(prefix) = prefix {
-                builder = builder.prefix(prefix);
-            }
-            let store = builder
-                .connect()
-                .await
-                .map_err(|e| store_error("Redis", e))?;
-            let describe = format!("Redis, prefix `{}`", store.prefix());
-            let mut records = records(store, &describe);
-            records.sweeper = records.sweeper.interval(REDIS_SWEEP_EVERY);
-            Ok(records)
-        }
-        "redis-cluster" => {
-            let (nodes, prefix) = split_prefix(url);
-            let seeds = nodes
-                .trim_start_matches("redis-cluster://")
-                .split(',')
-                .filter(|node| !node.is_empty())
-                .map(|node| format!("redis://{node}"));
-            let mut builder = RedisClusterStore::builder(seeds);
-            if let Some(prefix) = prefix {
-                builder = builder.prefix(prefix);
-            }
-            let store = builder
-                .connect()
-                .await
-                .map_err(|e| store_error("Redis Cluster", e))?;
-            let describe = format!("Redis Cluster, prefix `{}`", store.prefix());
-            let mut records = records(store, &describe);
-            records.sweeper = records.sweeper.interval(REDIS_SWEEP_EVERY);
-            Ok(records)
-        }
-        other => Err(StartError::Unsupported(format!(
-            "IDEM_STORE_URL: no idempotency store for `{other}:` URLs; use postgres://..., mysql://..., \
-             redis://... (no TLS in this build), redis-cluster://host:port,host:port..., \
-             sqlite:... or memory, or leave it unset to keep the records in DATABASE_URL"
-        ))),
+    if crate::scheme(url) == "memory" {
+        tracing::warn!("idempotency records in memory: a restart forgets them");
     }
-}
-
-fn records<S: Store + Purge>(store: S, describe: &str) -> Records {
-    records_arc(Arc::new(store), describe)
+    // The one parser of store URLs, idem's own (the `idem` tool reads the same URLs).
+    let opened = idem_runtime::store::open_with(url, OpenOptions::default().creating())
+        .await
+        .map_err(|e| match e {
+            OpenError::Unsupported(why) => StartError::Unsupported(format!(
+                "IDEM_STORE_URL: {why}; or leave it unset to keep the records in DATABASE_URL"
+            )),
+            other => StartError::Store(format!("IDEM_STORE_URL ({other})")),
+        })?;
+    let redis = opened.store.kind().starts_with("redis");
+    let mut records = Records {
+        sweeper: Sweeper::new(opened.purge).interval(SWEEP_EVERY),
+        store: opened.store,
+        describe: opened.describe,
+        shares_ledger_database: false,
+        shared: None,
+    };
+    if redis {
+        records.sweeper = records.sweeper.interval(REDIS_SWEEP_EVERY);
+    }
+    Ok(records)
 }
 
 fn records_arc<S: Store + Purge>(store: Arc<S>, describe: &str) -> Records {
@@ -198,63 +143,8 @@ fn records_arc<S: Store + Purge>(store: Arc<S>, describe: &str) -> Records {
     }
 }
 
-fn store_error(backend: &str, error: impl std::fmt::Display) -> StartError {
-    StartError::Store(format!("IDEM_STORE_URL ({backend}): {error}"))
-}
-
 fn shared_error(backend: &str, error: impl std::fmt::Display) -> StartError {
     StartError::Store(format!(
         "the idempotency records in DATABASE_URL ({backend}): {error}"
     ))
-}
-
-/// Takes the `prefix` query parameter (this example's, not the Redis client's) out of a Redis URL.
-fn split_prefix(url: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
-    };
-    let mut prefix = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("prefix=") {
-            Some(value) => {
-                prefix = Some(value.to_owned());
-                false
-            }
-            None => !pair.is_empty(),
-        })
-        .collect();
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    (url, prefix)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_prefix;
-
-    #[test]
-    fn the_prefix_parameter_is_taken_out_of_the_redis_url() {
-        assert_eq!(
-            split_prefix("redis://127.0.0.1:6379"),
-            ("redis://127.0.0.1:6379".to_owned(), None)
-        );
-        assert_eq!(
-            split_prefix("redis://127.0.0.1:6379/2?prefix=pay"),
-            (
-                "redis://127.0.0.1:6379/2".to_owned(),
-                Some("pay".to_owned())
-            )
-        );
-        assert_eq!(
-            split_prefix("redis://h/0?protocol=resp3&prefix=p&x=1"),
-            (
-                "redis://h/0?protocol=resp3&x=1".to_owned(),
-                Some("p".to_owned())
-            )
-        );
-    }
 }

@@ -60,6 +60,9 @@ pub mod sqlite;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod tx;
+pub mod url;
+
+pub use url::{open, open_with, OpenError, OpenOptions, Opened};
 
 /// One claim attempt: the key, the request's fingerprint, the token the claim will carry, and the
 /// policy's durations. The store turns the durations into instants on **its own clock** (see the
