@@ -717,7 +717,10 @@ pub async fn a_released_4xx_leaves_neither_row_nor_record(b: &impl Backend) {
         0,
         "the business write was rolled back"
     );
-    assert!(released(b.record("alice", "k4").await), "the claim was given back");
+    assert!(
+        released(b.record("alice", "k4").await),
+        "the claim was given back"
+    );
     let corrected = send(
         &router,
         post("/corrected", "alice", "k4", json!({"amount": 5})),
