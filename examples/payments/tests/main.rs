@@ -15,6 +15,7 @@ mod many_instances;
 mod metrics;
 mod sigterm;
 mod slower_than_the_lease;
+mod stalled_lock;
 mod store_lost;
 mod store_outage;
 mod webhooks;

@@ -657,6 +657,14 @@ impl Stores {
         }
     }
 
+    /// The value these stores give the instances for `name` (`DATABASE_URL`, say).
+    pub(crate) fn var(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, value)| value.as_str())
+    }
+
     /// Starts an instance on these stores, with `extra` variables besides.
     pub(crate) fn start(&self, extra: &[(&str, &str)]) -> Instance {
         Instance::start(&self.env(extra))
