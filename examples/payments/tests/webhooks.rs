@@ -176,3 +176,18 @@ async fn on_redis_records() {
 async fn on_memory() {
     each_delivery_id_has_its_effect_once(Stores::memory().await).await;
 }
+
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql() {
+    each_delivery_id_has_its_effect_once(Stores::mysql().await).await;
+}
+
+#[cfg_attr(
+    skip_redis_cluster,
+    ignore = "needs a Redis Cluster, skipped by IDEM_TEST_SKIP"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_cluster_records() {
+    each_delivery_id_has_its_effect_once(Stores::redis_cluster_records().await).await;
+}
