@@ -467,3 +467,27 @@ async fn undecodable_record_is_corrupt() {
         .expect_err("corrupt");
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
 }
+
+/// An erase leaves nothing of its scope in the table, bodies included, and every row of another
+/// scope: counted in `idem_records` itself, not through the store.
+#[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erase_leaves_no_row_of_the_scope_in_the_table() {
+    let backend = mysql().await;
+    let store = backend.db.store().await;
+    let pool = backend.db.pool().await;
+    for scope in ["erased", "kept"] {
+        for i in 0..3 {
+            claim_and_complete(&store, &RecordKey::new(scope, format!("k{i}"))).await;
+        }
+    }
+    assert_eq!(store.erase_scope("erased", 100).await.expect("erase"), 3);
+    let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+        "SELECT scope, COUNT(*) FROM idem_records WHERE body IS NOT NULL GROUP BY scope",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the table reads");
+    assert_eq!(rows, vec![(b"kept".to_vec(), 3)]);
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_records").await, 3);
+}

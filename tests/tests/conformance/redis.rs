@@ -775,4 +775,63 @@ mod redis_only {
             retain: Duration::from_secs(4 * 3600),
         }
     }
+
+    /// An erase leaves no key of its scope on the server, bodies included (a record's body lives in
+    /// its own value), and every key of another scope: counted with SCAN, not through the store.
+    #[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn erase_leaves_no_key_of_the_scope_on_the_server() {
+        let backend = redis().await;
+        let store = backend.store().await;
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let (erased, kept) = (format!("erased-{tag}"), format!("kept-{tag}"));
+        for scope in [&erased, &kept] {
+            for i in 0..3 {
+                let key = RecordKey::new(scope.clone(), format!("k{i}"));
+                let token = FencingToken::generate();
+                let claim = Claim {
+                    key: &key,
+                    fingerprint: fp("a"),
+                    token,
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(3600),
+                    retain: Duration::from_secs(4 * 3600),
+                };
+                store.claim(&claim).await.expect("claim");
+                store
+                    .complete(&key, token, &response("secret"))
+                    .await
+                    .expect("complete");
+            }
+        }
+        assert_eq!(store.erase_scope(&erased, 100).await.expect("erase"), 3);
+        let mut conn = raw(&backend).await;
+        let mut names: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}*", backend.prefix))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .expect("scan");
+            names.extend(page);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        assert!(
+            !names.iter().any(|name| name.contains(&erased)),
+            "keys of the erased scope left: {names:?}"
+        );
+        assert_eq!(
+            names.iter().filter(|name| name.contains(&kept)).count(),
+            3,
+            "{names:?}"
+        );
+    }
 }
