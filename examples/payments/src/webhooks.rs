@@ -3,7 +3,7 @@
 //! `webhook-signature` (`v1,` and the base64 HMAC-SHA256 of `{id}.{timestamp}.{body}` under the
 //! secret `WEBHOOK_SECRET`), verified by the `standardwebhooks` crate.
 //!
-//! - [`verify`], a middleware on the route, checks the signature and the timestamp (at most five
+//! - `verify`, a middleware on the route, checks the signature and the timestamp (at most five
 //!   minutes off) over the raw body before anything else: a bad delivery is a 401 and claims no
 //!   key, so a forged or stale delivery burns nothing.
 //! - The handler is idempotent on the delivery's `webhook-id` (`key_header`), scoped to the
@@ -60,7 +60,7 @@ impl WebhookSecret {
     }
 }
 
-/// Who sent a verified delivery: the card network. Present only after [`verify`] accepted the
+/// Who sent a verified delivery: the card network. Present only after `verify` accepted the
 /// signature; the idempotency records of its deliveries are scoped to it.
 #[derive(Debug, Clone, Copy)]
 pub struct CardNetworkSender;

@@ -23,7 +23,7 @@ use std::pin::Pin;
 
 /// What the engine needs from the request, taken while extracting the last parameter: what the
 /// fingerprint and the key are made of. The fingerprint and the key are worked out from it once
-/// the handler's policy is known ([`resolve`](Self::resolve)), as the policy says where the key
+/// the handler's policy is known (`resolve`), as the policy says where the key
 /// is and what the fingerprint covers. Small on purpose: it is moved through every layer of the
 /// request's future.
 #[derive(Debug, Clone)]
