@@ -327,13 +327,13 @@ async fn an_unsupported_idempotency_store_fails_at_start_up() {
     assert!(payments::app(&memory).await.is_ok());
 
     let ledger = payments::Config {
-        database_url: "mysql://localhost/payments".to_owned(),
+        database_url: "oracle://localhost/payments".to_owned(),
         idem_store_url: None,
         ..memory
     };
     let error = payments::app(&ledger).await.unwrap_err();
     assert!(error.to_string().contains("DATABASE_URL"), "{error}");
-    assert!(error.to_string().contains("mysql:"), "{error}");
+    assert!(error.to_string().contains("oracle:"), "{error}");
 }
 
 #[tokio::test]
