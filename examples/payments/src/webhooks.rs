@@ -111,6 +111,13 @@ pub(crate) async fn verify(
                 .into_response();
         }
     };
+    // Judged here with checked arithmetic before the crate sees it: a timestamp far outside any
+    // clock's range (`i64::MIN`, say) must be a 401, never an overflow.
+    if !timestamp_is_recent(&parts.headers, std::time::SystemTime::now()) {
+        return unsigned(
+            "the delivery's timestamp is missing, malformed or more than 5 minutes off",
+        );
+    }
     if let Err(error) = secret.0.verify(&bytes, &parts.headers) {
         tracing::info!(%error, "webhook refused");
         return unsigned(&format!("the delivery's {error}"));
@@ -118,6 +125,26 @@ pub(crate) async fn verify(
     parts.extensions.insert(CardNetworkSender);
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// How far a delivery's `webhook-timestamp` may be from now, as the Standard Webhooks spec advises.
+const TIMESTAMP_TOLERANCE_SECS: u64 = 5 * 60;
+
+/// Whether `webhook-timestamp` is whole seconds since the epoch within the tolerance of `now`.
+fn timestamp_is_recent(headers: &axum::http::HeaderMap, now: std::time::SystemTime) -> bool {
+    let Some(sent) = headers
+        .get("webhook-timestamp")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok())
+    else {
+        return false;
+    };
+    let Ok(now) = now.duration_since(std::time::UNIX_EPOCH) else {
+        return false;
+    };
+    let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    now.checked_sub(sent)
+        .is_some_and(|skew| skew.unsigned_abs() <= TIMESTAMP_TOLERANCE_SECS)
 }
 
 /// A card network event: `{"type": "charge.disputed", "data": {"payment_id": "pay_..."}}`.
@@ -189,5 +216,39 @@ pub(crate) async fn card_network_webhook(
         .into_response(),
         Ok(None) => api_error(StatusCode::NOT_FOUND, "payment not found"),
         Err(e) => database_error(&e, ledger.database()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn at(timestamp: &str) -> axum::http::HeaderMap {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(
+            "webhook-timestamp",
+            timestamp.parse().expect("a header value"),
+        );
+        headers
+    }
+
+    #[test]
+    fn timestamps_out_of_any_range_are_refused_without_overflow() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert!(timestamp_is_recent(&at("1800000000"), now));
+        assert!(timestamp_is_recent(&at("1799999700"), now));
+        assert!(!timestamp_is_recent(&at("1799999699"), now));
+        assert!(!timestamp_is_recent(&at("1800000301"), now));
+        for extreme in [
+            "-9223372036854775808",
+            "9223372036854775807",
+            "",
+            "1.5",
+            "x",
+        ] {
+            assert!(!timestamp_is_recent(&at(extreme), now), "{extreme:?}");
+        }
+        assert!(!timestamp_is_recent(&axum::http::HeaderMap::new(), now));
     }
 }
