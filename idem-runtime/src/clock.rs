@@ -113,3 +113,29 @@ impl Clock for ManualClock {
         Timestamp(self.0.load(Ordering::SeqCst))
     }
 }
+
+/// Record time that follows tokio's clock (paused in tests), so that a store's lease expiry and
+/// tokio's sleeps agree.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct TokioClock {
+    base: Timestamp,
+    start: tokio::time::Instant,
+}
+
+#[cfg(test)]
+impl TokioClock {
+    pub(crate) fn new() -> Self {
+        Self {
+            base: Timestamp::from_millis(1_000_000),
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        self.base + self.start.elapsed()
+    }
+}

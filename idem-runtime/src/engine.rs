@@ -844,28 +844,12 @@ impl Drop for ClaimGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::{ManualClock, TokioClock};
     use crate::store::memory::MemoryStore;
     use tokio::time::Instant;
 
-    /// Record time that follows tokio's (paused) clock, so lease expiry and tokio sleeps agree.
-    #[derive(Debug)]
-    struct TokioClock {
-        base: Timestamp,
-        start: Instant,
-    }
-
-    impl Clock for TokioClock {
-        fn now(&self) -> Timestamp {
-            self.base + self.start.elapsed()
-        }
-    }
-
     fn tokio_clock() -> TokioClock {
-        TokioClock {
-            base: Timestamp::from_millis(1_000_000),
-            start: Instant::now(),
-        }
+        TokioClock::new()
     }
 
     fn fp() -> Fingerprint {

@@ -99,6 +99,23 @@ impl Fingerprint {
         }
     }
 
+    /// Fingerprints a function's input ([`Engine::once`](crate::Engine::once)): its JSON form
+    /// (serde), compared as JSON, so that member order and number formatting do not matter. Never
+    /// equal to a request's fingerprint.
+    ///
+    /// ```
+    /// use idem_runtime::Fingerprint;
+    /// let a = Fingerprint::of_input(&serde_json::json!({"amount": 1000, "currency": "KRW"})).unwrap();
+    /// let b = Fingerprint::of_input(&serde_json::json!({"currency": "KRW", "amount": 1000})).unwrap();
+    /// assert_eq!(a, b);
+    /// assert_ne!(a, Fingerprint::of_input(&("KRW", 1000)).unwrap());
+    /// ```
+    pub fn of_input<T: serde::Serialize + ?Sized>(input: &T) -> Result<Self, serde_json::Error> {
+        // "function call" is no HTTP method (a method has no space), so no request hashes the same.
+        let value = serde_json::to_value(input)?;
+        Ok(Self::of_json("function call", "", Some(&value), &[]))
+    }
+
     fn of_json(method: &str, path: &str, json: Option<&Value>, body: &[u8]) -> Self {
         let mut h = head(method, path);
         match json {

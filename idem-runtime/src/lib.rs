@@ -68,6 +68,7 @@ pub mod clock;
 mod coverage;
 pub mod engine;
 pub mod fingerprint;
+pub mod function;
 pub mod key;
 pub mod metrics;
 #[cfg(feature = "utoipa")]

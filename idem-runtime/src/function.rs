@@ -1,0 +1,450 @@
+//! The function face of the engine: any async work, run once per key.
+//!
+//! A queue consumer, a job runner or a service calling another service hears the same retry as an
+//! HTTP server: a redelivered message, a job run again, a call repeated after a timeout. With
+//! [`Engine::once`] the work runs once per [`RecordKey`]; its output is stored (as JSON, through
+//! serde) and returned to every later call with the key, and a call made while the first one runs
+//! waits for it and gets the same output. The rules are the HTTP path's ([`Engine::begin`]):
+//!
+//! | the store finds | `once` |
+//! |---|---|
+//! | nothing | runs the work, renewing the claim's lease while it runs, and stores its `Ok` output |
+//! | a stored output, same input | returns it without running anything |
+//! | the key used with another input | [`OnceError::Rejected`] with [`Rejection::Mismatch`] |
+//! | a running call, same input | waits up to `policy.wait`, then returns its output ([`Rejection::InFlight`] at the bound) |
+//! | a call whose worker died (lease run out) | takes it over and runs the work again, with [`Attempt::taken_over`] and the same [`Attempt::downstream_key`] |
+//! | the key past its ttl | [`Rejection::Expired`] |
+//! | the store unreachable | [`Rejection::Unavailable`]: the work never runs |
+//!
+//! **Errors of the work release the key.** An `Err` means the work did not finish; the key is
+//! given back and the next call with it runs the work again, with the same downstream key. A
+//! failure that is the final answer (a card declined, an unknown account) is an output: make it a
+//! variant of the `Ok` type (`enum Charge { Captured { .. }, Declined { .. } }`), and it is stored
+//! and returned to every retry like any other. This is [`ServerErrors::Release`](crate::policy::ServerErrors)'s
+//! rule; `server_errors`, `client_errors` and the HTTP options of the [`Policy`] do not apply to a
+//! function. Its output is stored whole, whatever `max_stored_body` says.
+//!
+//! ```
+//! use idem_runtime::function::Attempt;
+//! use idem_runtime::store::memory::MemoryStore;
+//! use idem_runtime::{Engine, Fingerprint, Policy, RecordKey};
+//!
+//! #[derive(serde::Serialize)]
+//! struct Order { item: &'static str, quantity: u32 }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(MemoryStore::new());
+//! let order = Order { item: "apple", quantity: 2 };
+//! let key = RecordKey::new("orders", "message-7f3a");
+//! let runs = &std::sync::atomic::AtomicU32::new(0);
+//! let place = |attempt: Attempt| async move {
+//!     // Pass attempt.downstream_key() to every service that takes an idempotency key.
+//!     let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+//!     Ok::<_, std::io::Error>(format!("order {n} under {}", attempt.downstream_key()))
+//! };
+//! let first: String = engine.once(key.clone(), Fingerprint::of_input(&order)?, &Policy::new(), place).await?;
+//! // The redelivery gets the stored output; its work does not run.
+//! let again: String = engine.once(key, Fingerprint::of_input(&order)?, &Policy::new(), place).await?;
+//! assert_eq!(first, again);
+//! assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+//! # Ok(()) }
+//! ```
+
+use crate::engine::{Begin, ClaimGuard, Engine, Rejection};
+use crate::fingerprint::Fingerprint;
+use crate::policy::Policy;
+use crate::record::{RecordKey, StoredResponse};
+use crate::store::StoreError;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::future::Future;
+
+/// The status a stored function output carries in its record, so that an operator reading the
+/// record (`idem inspect`) tells it from an HTTP response at a glance.
+const OUTPUT_STATUS: u16 = 200;
+
+/// What the work learns about the claim it runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    downstream_key: String,
+    taken_over: bool,
+}
+
+impl Attempt {
+    /// A key for the services the work calls (a card network, another idempotent API), the same on
+    /// every attempt at this record, the takeover of a dead worker's claim included: see
+    /// [`RecordKey::downstream_key`].
+    pub fn downstream_key(&self) -> &str {
+        &self.downstream_key
+    }
+
+    /// Whether this attempt took over the claim of a worker that stopped renewing it (crashed, or
+    /// cut off from the store for a whole lease). The earlier attempt may have had effects: the
+    /// downstream key is what keeps them from happening twice.
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
+    }
+}
+
+/// Why [`Engine::once`] returned no output, besides the work's own error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OnceError {
+    /// The engine refused to run the work: the key is used with another input, still running
+    /// elsewhere, expired, or the store is unavailable. See [`Rejection`].
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// The work ran and returned its output, but the output could not be stored: another worker
+    /// took the key over meanwhile, or the store refused the record. The work's effects happened;
+    /// a later call takes the key over once its lease runs out and runs the work again with the
+    /// same downstream key.
+    #[error("the work ran but its output could not be stored")]
+    NotStored(#[source] StoreError),
+    /// The input or the output could not be turned into JSON.
+    #[error("could not encode the call as JSON")]
+    Encode(#[source] serde_json::Error),
+    /// The stored output does not read as the output type (the type changed since it was stored,
+    /// or another function uses the same scope and key).
+    #[error("the stored output does not read as this function's output")]
+    Decode(#[source] serde_json::Error),
+}
+
+impl OnceError {
+    /// Whether the same call may succeed later, with the same key: the key is still running
+    /// elsewhere, the store is unavailable, or the output could not be stored. A queue consumer
+    /// requeues such a message and dead-letters the others.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            OnceError::Rejected(rejection) => matches!(
+                rejection,
+                Rejection::InFlight { .. } | Rejection::Unavailable { .. }
+            ),
+            OnceError::NotStored(_) => true,
+            OnceError::Encode(_) | OnceError::Decode(_) => false,
+        }
+    }
+}
+
+impl From<serde_json::Error> for OnceError {
+    /// An input that could not be fingerprinted ([`Fingerprint::of_input`]).
+    fn from(e: serde_json::Error) -> Self {
+        OnceError::Encode(e)
+    }
+}
+
+/// The error of [`Engine::once`]: the work's own, or the engine's.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError<E> {
+    /// The work ran and failed; the key was released, so the next call runs it again.
+    #[error("the work failed")]
+    Failed(#[source] E),
+    /// The work did not run, or its output was not stored.
+    #[error(transparent)]
+    Once(#[from] OnceError),
+}
+
+impl<E> CallError<E> {
+    /// The engine's error, or `None` for the work's own.
+    pub fn into_once_error(self) -> Option<OnceError> {
+        match self {
+            CallError::Once(e) => Some(e),
+            CallError::Failed(_) => None,
+        }
+    }
+
+    /// Whether the same call may succeed later with the same key: every failure of the work (it
+    /// released the key), and the engine's retryable ones ([`OnceError::is_retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CallError::Failed(_) => true,
+            CallError::Once(e) => e.is_retryable(),
+        }
+    }
+}
+
+impl Engine {
+    /// Runs `work` once per `key`: see [the module](crate::function). `fingerprint` tells a retry
+    /// of this call ([`Fingerprint::of_input`] of its input) from another call under the same key.
+    ///
+    /// The work gets the [`Attempt`] it runs as. Its `Ok` output is stored and returned; its `Err`
+    /// releases the key and is returned as [`CallError::Failed`]. A stored output is returned
+    /// without running `work`. Dropping the returned future while the work runs leaves the claim
+    /// to its lease, as a crash would.
+    pub async fn once<O, E, W, Fut>(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        work: W,
+    ) -> Result<O, CallError<E>>
+    where
+        O: Serialize + DeserializeOwned,
+        W: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<O, E>>,
+    {
+        let begun = self.begin(key, fingerprint, policy).await;
+        run(begun, work).await
+    }
+
+    /// [`once`](Self::once) with time standing still, as
+    /// [`begin_without_timers`](Self::begin_without_timers): for the loom models only.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub async fn once_without_timers<O, E, W, Fut>(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        work: W,
+    ) -> Result<O, CallError<E>>
+    where
+        O: Serialize + DeserializeOwned,
+        W: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<O, E>>,
+    {
+        let begun = self.begin_without_timers(key, fingerprint, policy).await;
+        run(begun, work).await
+    }
+}
+
+/// Carries out the engine's decision: replays, or runs the work under the claim and settles it.
+async fn run<O, E, W, Fut>(begun: Result<Begin, Rejection>, work: W) -> Result<O, CallError<E>>
+where
+    O: Serialize + DeserializeOwned,
+    W: FnOnce(Attempt) -> Fut,
+    Fut: Future<Output = Result<O, E>>,
+{
+    let claim = match begun.map_err(OnceError::from)? {
+        Begin::Replay(replay) => {
+            return serde_json::from_slice(&replay.response.body)
+                .map_err(|e| OnceError::Decode(e).into())
+        }
+        Begin::Execute(claim) => claim,
+    };
+    let attempt = Attempt {
+        downstream_key: claim.downstream_key(),
+        taken_over: claim.taken_over(),
+    };
+    match claim.keep_alive(work(attempt)).await {
+        Ok(output) => {
+            let body = match serde_json::to_vec(&output) {
+                Ok(body) => body,
+                Err(e) => {
+                    give_back(claim).await;
+                    return Err(OnceError::Encode(e).into());
+                }
+            };
+            let stored = StoredResponse {
+                status: OUTPUT_STATUS,
+                headers: Vec::new(),
+                body: body.into(),
+            };
+            match claim.complete(&stored).await {
+                Ok(()) => Ok(output),
+                Err(e) => Err(OnceError::NotStored(e).into()),
+            }
+        }
+        Err(e) => {
+            give_back(claim).await;
+            Err(CallError::Failed(e))
+        }
+    }
+}
+
+/// Releases a claim whose work did not finish. A release the store misses leaves the record to
+/// its lease: the next call takes it over then, so the failure is only logged.
+async fn give_back(claim: ClaimGuard) {
+    let key = claim.key().clone();
+    if let Err(e) = claim.release().await {
+        tracing::warn!(target: "idem", scope = %key.scope(), key = %key.key(), error = %e,
+            "could not release the key of a failed call; it is taken over after its lease");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::TokioClock;
+    use crate::metrics::Outcome;
+    use crate::store::memory::MemoryStore;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Receipt {
+        charge: u32,
+        downstream: String,
+    }
+
+    fn charge_input(amount: u32) -> Fingerprint {
+        Fingerprint::of_input(&serde_json::json!({"amount": amount, "currency": "KRW"}))
+            .expect("JSON input")
+    }
+
+    /// A work that counts its runs and answers with its run number and downstream key.
+    type Charging<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Receipt, String>> + 'a>>;
+
+    fn charging<'a>(runs: &'a AtomicU32) -> impl FnOnce(Attempt) -> Charging<'a> {
+        move |attempt| {
+            Box::pin(async move {
+                let charge = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(Receipt {
+                    charge,
+                    downstream: attempt.downstream_key().to_owned(),
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_work_runs_once_and_every_retry_gets_its_output() {
+        let engine = Engine::new(MemoryStore::new());
+        let (runs, policy, key) = (AtomicU32::new(0), Policy::new(), RecordKey::new("q", "m-1"));
+        let first = engine
+            .once(key.clone(), charge_input(1000), &policy, charging(&runs))
+            .await
+            .expect("runs");
+        for _ in 0..3 {
+            let again = engine
+                .once(key.clone(), charge_input(1000), &policy, charging(&runs))
+                .await
+                .expect("replays");
+            assert_eq!(again, first);
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(engine.metrics().get(Outcome::Replayed), 3);
+    }
+
+    #[tokio::test]
+    async fn another_input_under_the_same_key_is_refused_without_running() {
+        let engine = Engine::new(MemoryStore::new());
+        let (runs, policy, key) = (AtomicU32::new(0), Policy::new(), RecordKey::new("q", "m-1"));
+        engine
+            .once(key.clone(), charge_input(1000), &policy, charging(&runs))
+            .await
+            .expect("runs");
+        let other = engine
+            .once(key, charge_input(2000), &policy, charging(&runs))
+            .await;
+        assert!(matches!(
+            other,
+            Err(CallError::Once(OnceError::Rejected(
+                Rejection::Mismatch { .. }
+            )))
+        ));
+        assert!(!other.is_err_and(|e| e.is_retryable()));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_work_releases_the_key_and_the_next_call_runs_with_the_same_downstream_key() {
+        let engine = Engine::new(MemoryStore::new());
+        let (policy, key) = (Policy::new(), RecordKey::new("q", "m-1"));
+        let mut seen = Vec::new();
+        let failed = engine
+            .once(key.clone(), charge_input(1000), &policy, |a: Attempt| {
+                seen.push(a.downstream_key().to_owned());
+                async { Err::<Receipt, _>("card network down") }
+            })
+            .await;
+        assert!(matches!(
+            failed,
+            Err(CallError::Failed("card network down"))
+        ));
+        let runs = AtomicU32::new(0);
+        let retried = engine
+            .once(key, charge_input(1000), &policy, charging(&runs))
+            .await
+            .expect("the retry runs");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(seen, [retried.downstream]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_duplicates_wait_for_the_one_run_and_share_its_output() {
+        let engine = Engine::new(MemoryStore::new());
+        let policy = Policy::new().wait(Duration::from_secs(60));
+        let runs = Arc::new(AtomicU32::new(0));
+        let calls = (0..10).map(|_| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            tokio::spawn(async move {
+                let key = RecordKey::new("q", "m-1");
+                engine
+                    .once(key, charge_input(1000), &policy, |a: Attempt| async move {
+                        // The paused clock moves only once every duplicate is parked waiting.
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        let charge = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        Ok::<_, String>(Receipt {
+                            charge,
+                            downstream: a.downstream_key().to_owned(),
+                        })
+                    })
+                    .await
+            })
+        });
+        let outputs: Vec<Receipt> = futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .map(|joined| {
+                joined
+                    .expect("no panic")
+                    .expect("every call gets the output")
+            })
+            .collect();
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(outputs.iter().all(|o| *o == outputs[0]));
+        assert_eq!(engine.metrics().get(Outcome::Waited), 9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_workers_call_is_taken_over_after_its_lease_with_the_same_downstream_key() {
+        let engine = Engine::new(MemoryStore::new().with_clock(TokioClock::new()));
+        let policy = Policy::new()
+            .lease(Duration::from_secs(5))
+            .wait(Duration::from_secs(60));
+        let key = RecordKey::new("q", "m-1");
+        let started = tokio::sync::Notify::new();
+        let mut first_key = String::new();
+        let dying = engine.once(key.clone(), charge_input(1000), &policy, |a: Attempt| {
+            first_key = a.downstream_key().to_owned();
+            async {
+                started.notify_one();
+                std::future::pending::<Result<Receipt, String>>().await
+            }
+        });
+        // The worker dies mid-work: its future is dropped, its claim left to its lease.
+        tokio::select! {
+            _ = dying => unreachable!("the work never ends"),
+            () = started.notified() => {}
+        }
+        let start = tokio::time::Instant::now();
+        let mut heir_taken_over = false;
+        let runs = AtomicU32::new(0);
+        let output = engine
+            .once(key, charge_input(1000), &policy, |a: Attempt| {
+                heir_taken_over = a.taken_over();
+                charging(&runs)(a)
+            })
+            .await
+            .expect("the heir runs");
+        assert!(heir_taken_over);
+        assert_eq!(output.downstream, first_key);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        assert_eq!(engine.metrics().get(Outcome::TakenOver), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stored_output_of_another_type_is_a_decode_error_not_a_panic() {
+        let engine = Engine::new(MemoryStore::new());
+        let (runs, policy, key) = (AtomicU32::new(0), Policy::new(), RecordKey::new("q", "m-1"));
+        engine
+            .once(key.clone(), charge_input(1000), &policy, charging(&runs))
+            .await
+            .expect("runs");
+        let other: Result<Vec<u8>, CallError<String>> = engine
+            .once(key, charge_input(1000), &policy, |_| async { Ok(vec![1]) })
+            .await;
+        assert!(matches!(other, Err(CallError::Once(OnceError::Decode(_)))));
+    }
+}
