@@ -50,7 +50,7 @@
 //! # Ok(()) }
 //! ```
 
-use crate::engine::{Begin, ClaimGuard, Engine, Rejection};
+use crate::engine::{Begin, ClaimGuard, Engine, Rejection, Replay};
 use crate::fingerprint::Fingerprint;
 use crate::policy::Policy;
 use crate::record::{RecordKey, StoredResponse};
@@ -215,38 +215,121 @@ where
     Fut: Future<Output = Result<O, E>>,
 {
     let claim = match begun.map_err(OnceError::from)? {
-        Begin::Replay(replay) => {
-            return serde_json::from_slice(&replay.response.body)
-                .map_err(|e| OnceError::Decode(e).into())
-        }
+        Begin::Replay(replay) => return replayed(&replay),
         Begin::Execute(claim) => claim,
     };
-    let attempt = Attempt {
-        downstream_key: claim.downstream_key(),
-        taken_over: claim.taken_over(),
-    };
-    match claim.keep_alive(work(attempt)).await {
-        Ok(output) => {
-            let body = match serde_json::to_vec(&output) {
-                Ok(body) => body,
-                Err(e) => {
-                    give_back(claim).await;
-                    return Err(OnceError::Encode(e).into());
-                }
-            };
-            let stored = StoredResponse {
-                status: OUTPUT_STATUS,
-                headers: Vec::new(),
-                body: body.into(),
-            };
-            match claim.complete(&stored).await {
-                Ok(()) => Ok(output),
-                Err(e) => Err(OnceError::NotStored(e).into()),
-            }
-        }
+    let result = claim.keep_alive(work(attempt(&claim))).await;
+    let stored = match output(result) {
+        Ok(stored) => stored,
         Err(e) => {
             give_back(claim).await;
-            Err(CallError::Failed(e))
+            return Err(e);
+        }
+    };
+    match claim.complete(&stored.1).await {
+        Ok(()) => Ok(stored.0),
+        Err(e) => Err(OnceError::NotStored(e).into()),
+    }
+}
+
+/// The output a replay carries.
+fn replayed<O: DeserializeOwned, E>(replay: &Replay) -> Result<O, CallError<E>> {
+    serde_json::from_slice(&replay.response.body).map_err(|e| OnceError::Decode(e).into())
+}
+
+fn attempt(claim: &ClaimGuard) -> Attempt {
+    Attempt {
+        downstream_key: claim.downstream_key(),
+        taken_over: claim.taken_over(),
+    }
+}
+
+/// The work's output with the record that stores it, or why there is nothing to store.
+fn output<O: Serialize, E>(result: Result<O, E>) -> Result<(O, StoredResponse), CallError<E>> {
+    let output = result.map_err(CallError::Failed)?;
+    let body = serde_json::to_vec(&output).map_err(OnceError::Encode)?;
+    let stored = StoredResponse {
+        status: OUTPUT_STATUS,
+        headers: Vec::new(),
+        body: body.into(),
+    };
+    Ok((output, stored))
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+impl<S: crate::transaction::TransactionalStore> crate::Transactional<S> {
+    /// [`Engine::once`] in transactional mode: the work writes through the [`Tx`](crate::Tx) it is
+    /// given, and those writes commit in one transaction with the stored output, on the database
+    /// that holds the records (see [`transaction`](crate::transaction)). A crash before that commit
+    /// leaves none of the writes and the claim to its lease; after it, writes and output exist
+    /// together. An `Err` of the work rolls the writes back and releases the key.
+    ///
+    /// Make the foreign calls (with [`Attempt::downstream_key`]) before the first
+    /// [`Tx::conn`](crate::Tx::conn): a transaction begun earlier holds its connection while
+    /// they wait.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::sqlite::SqliteStore;
+    /// use idem_runtime::{sqlx, Fingerprint, Policy, RecordKey, Transactional};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let txn = Transactional::new(SqliteStore::connect("sqlite://app.db?mode=rwc").await?);
+    /// let input = ("apple", 2);
+    /// let key = RecordKey::new("orders", "message-7f3a");
+    /// let id: i64 = txn
+    ///     .once(key, Fingerprint::of_input(&input)?, &Policy::new(), |_attempt, mut tx| async move {
+    ///         let row: (i64,) = sqlx::query_as("INSERT INTO orders (item, qty) VALUES (?, ?) RETURNING id")
+    ///             .bind(input.0)
+    ///             .bind(input.1)
+    ///             .fetch_one(tx.conn().await?)
+    ///             .await?;
+    ///         Ok::<_, sqlx::Error>(row.0)
+    ///     })
+    ///     .await?;
+    /// # let _ = id; Ok(()) }
+    /// ```
+    pub async fn once<O, E, W, Fut>(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        work: W,
+    ) -> Result<O, CallError<E>>
+    where
+        O: Serialize + DeserializeOwned,
+        W: FnOnce(Attempt, crate::Tx<S::Database>) -> Fut,
+        Fut: Future<Output = Result<O, E>>,
+    {
+        use crate::transaction::TxBegin;
+        let mut claim = match self.begin(key, fingerprint, policy).await {
+            Err(rejection) => return Err(OnceError::from(rejection).into()),
+            Ok(TxBegin::Replay(replay)) => return replayed(&replay),
+            Ok(TxBegin::Execute(claim)) => claim,
+        };
+        let (lent, home) = claim.tx.lend();
+        let result = claim
+            .guard
+            .keep_alive(work(attempt(&claim.guard), lent))
+            .await;
+        if !home.restore(&mut claim.tx) {
+            tracing::error!(target: "idem", key = %claim.guard.key(),
+                "the work kept its idem transaction past its end; nothing was committed");
+            let kept = StoreError::unavailable("the work kept its transaction past its end");
+            let _ = claim.rollback().await;
+            return Err(OnceError::NotStored(kept).into());
+        }
+        let stored = match output(result) {
+            Ok(stored) => stored,
+            Err(e) => {
+                if let Err(error) = claim.rollback().await {
+                    tracing::warn!(target: "idem", %error,
+                        "could not release the key of a failed call; it is taken over after its lease");
+                }
+                return Err(e);
+            }
+        };
+        match claim.complete(&stored.1).await {
+            Ok(()) => Ok(stored.0),
+            Err(e) => Err(OnceError::NotStored(e).into()),
         }
     }
 }
@@ -432,6 +515,48 @@ mod tests {
         assert_eq!(output.downstream, first_key);
         assert_eq!(start.elapsed(), Duration::from_secs(5));
         assert_eq!(engine.metrics().get(Outcome::TakenOver), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_call_keeps_its_claim_however_long_its_work() {
+        let engine = Engine::new(MemoryStore::new().with_clock(TokioClock::new()));
+        let policy = Policy::new()
+            .lease(Duration::from_secs(3))
+            .wait(Duration::from_secs(1));
+        let key = RecordKey::new("q", "m-1");
+        let runs = AtomicU32::new(0);
+        let long = engine.once(
+            key.clone(),
+            charge_input(1000),
+            &policy,
+            |a: Attempt| async {
+                // Ten leases long.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                charging(&runs)(a).await
+            },
+        );
+        let duplicates = async {
+            let mut conflicts = 0;
+            // Each finds the key held (1.5 s apart plus its 1 s wait: done within 25 s).
+            for _ in 0..10 {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let dup = engine
+                    .once(key.clone(), charge_input(1000), &policy, charging(&runs))
+                    .await;
+                match dup {
+                    Err(CallError::Once(OnceError::Rejected(Rejection::InFlight { .. }))) => {
+                        conflicts += 1
+                    }
+                    other => panic!("a duplicate got {other:?} while the work ran"),
+                }
+            }
+            conflicts
+        };
+        let (output, conflicts) = tokio::join!(long, duplicates);
+        assert_eq!(conflicts, 10);
+        assert_eq!(output.expect("the long call stores its output").charge, 1);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(engine.metrics().get(Outcome::TakenOver), 0);
     }
 
     #[tokio::test]

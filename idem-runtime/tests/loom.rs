@@ -805,3 +805,83 @@ fn two_waiting_duplicates_both_replay() {
         }
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The function face (`Engine::once`) over the same protocol
+// ---------------------------------------------------------------------------------------------
+
+/// Two identical calls race on one key: one runs the work, the other waits for it (or finds its
+/// output) and returns the same output, in every schedule; the work runs once.
+#[test]
+fn two_identical_calls_run_the_work_once() {
+    explore(
+        "function: call vs call",
+        &["returned at once", "returned after waiting"],
+        |tally| {
+            let store = std::sync::Arc::new(MemoryStore::new());
+            let engine = engine(store.clone());
+            let runs = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+            let call = |engine: Engine, runs: Arc<loom::sync::atomic::AtomicUsize>| {
+                let policy = Policy::new().wait(Duration::from_secs(60));
+                let work = |_| async move {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    Ok::<_, String>(format!("run {run}"))
+                };
+                block_on(engine.once_without_timers(key(), fingerprint(), &policy, work))
+            };
+            let other = {
+                let (engine, runs) = (engine.clone(), runs.clone());
+                thread::spawn(move || call(engine, runs))
+            };
+            let mine = call(engine.clone(), runs.clone());
+            let theirs = other.join().expect("the other call does not panic");
+            assert_eq!(mine.expect("my call returns"), "run 1");
+            assert_eq!(theirs.expect("the other call returns"), "run 1");
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            tally.saw(match engine.metrics().get(Outcome::Waited) {
+                0 => "returned at once",
+                _ => "returned after waiting",
+            });
+        },
+    );
+}
+
+/// A call whose work fails races an identical one whose work succeeds: the failure releases the
+/// key, so the succeeding call runs (or its output is what the failing call finds), and the key
+/// ends completed with its output in every schedule.
+#[test]
+fn a_failed_call_leaves_the_key_to_its_duplicate() {
+    explore(
+        "function: failing call vs call",
+        &["failed first", "succeeded first"],
+        |tally| {
+            let store = std::sync::Arc::new(MemoryStore::new());
+            let engine = engine(store.clone());
+            let failing = {
+                let engine = engine.clone();
+                thread::spawn(move || {
+                    let policy = Policy::new().wait(Duration::from_secs(60));
+                    let work = |_| async { Err::<String, _>("declined by a dependency") };
+                    block_on(engine.once_without_timers(key(), fingerprint(), &policy, work))
+                })
+            };
+            let policy = Policy::new().wait(Duration::from_secs(60));
+            let work = |_| async { Ok::<_, &str>("charged".to_owned()) };
+            let mine = block_on(engine.once_without_timers(key(), fingerprint(), &policy, work));
+            assert_eq!(
+                mine.expect("the succeeding call returns its output"),
+                "charged"
+            );
+            let theirs = failing.join().expect("the failing call does not panic");
+            tally.saw(match theirs {
+                Err(idem_runtime::function::CallError::Failed(_)) => "failed first",
+                Ok(output) => {
+                    assert_eq!(output, "charged", "it found the other call's output");
+                    "succeeded first"
+                }
+                Err(other) => panic!("the failing call got {other:?}"),
+            });
+            assert!(is_completed(&store));
+        },
+    );
+}

@@ -132,7 +132,6 @@ impl<DB: Database> Tx<DB> {
 
     /// A handle for the handler that sends the transaction back here when dropped, and the way
     /// back ([`Lent::restore`]).
-    #[cfg(feature = "axum")]
     pub(crate) fn lend(&mut self) -> (Tx<DB>, Lent<DB>) {
         let home: Home<DB> = Arc::new(Mutex::new(None));
         let lent = Tx {
@@ -145,12 +144,10 @@ impl<DB: Database> Tx<DB> {
 }
 
 /// A transaction lent to a handler.
-#[cfg(feature = "axum")]
 pub(crate) struct Lent<DB: Database> {
     home: Home<DB>,
 }
 
-#[cfg(feature = "axum")]
 impl<DB: Database> Lent<DB> {
     /// Puts the transaction (if the handler began one) back into `tx`; false if the handler kept
     /// the handle past its end.

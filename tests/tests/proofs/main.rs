@@ -9,4 +9,5 @@ mod proof_support;
 mod decode_rows;
 mod faults;
 mod faults_network;
+mod functions;
 mod model;

@@ -22,6 +22,7 @@
 //! IDEM_MODEL_SEED=7 PROPTEST_CASES=5000 cargo test -p idem-tests --test proofs model::   # another seed
 //! ```
 
+use crate::proof_support::{cases, instances, runner};
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::store::Purge;
 use idem_runtime::{
@@ -30,7 +31,7 @@ use idem_runtime::{
 };
 use idem_tests::conformance::Backend;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::{TestCaseError, TestRunner};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,32 +53,6 @@ fn policy() -> Policy {
         .lease(LEASE)
         .wait(Duration::ZERO)
         .handler("model")
-}
-
-/// The case budget: `PROPTEST_CASES`, else 64.
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
-/// A runner on a fixed seed (`IDEM_MODEL_SEED` picks another), so that CI runs the same cases
-/// every time and a failure reproduces.
-fn runner() -> TestRunner {
-    let seed: u64 = std::env::var("IDEM_MODEL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x01de_5eed);
-    let mut bytes = [0u8; 32];
-    bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let config = Config {
-        cases: cases(),
-        failure_persistence: None,
-        max_shrink_iters: 2_000,
-        ..Config::default()
-    };
-    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
 }
 
 fn fingerprint(fp: u8) -> Fingerprint {
@@ -550,18 +525,6 @@ async fn run_case<S: Store + Purge>(
         std::mem::forget(h.guard);
     }
     result
-}
-
-/// Opens two instances over one backend's records (one shared store where the backend is memory),
-/// both judging time by `clock`.
-async fn instances<B: Backend>(backend: &B, clock: &ManualClock) -> Vec<Arc<B::Store>> {
-    let first = Arc::new(backend.open(Arc::new(clock.clone())).await);
-    let second = if backend.durable() {
-        Arc::new(backend.open(Arc::new(clock.clone())).await)
-    } else {
-        first.clone()
-    };
-    vec![first, second]
 }
 
 fn sequential<B: Backend>(make: impl std::future::Future<Output = B>) {

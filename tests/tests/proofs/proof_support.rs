@@ -7,7 +7,7 @@
 
 #![allow(dead_code)] // each test file uses part of this module
 
-use idem_runtime::clock::Clock;
+use idem_runtime::clock::{Clock, ManualClock};
 use idem_runtime::sqlx::postgres::PgConnectOptions;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::mysql::MySqlStore;
@@ -16,6 +16,7 @@ use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_tests::conformance::Backend;
 use idem_tests::services;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use std::sync::Arc;
 
 /// The in-memory store. Not shared between handles: every `open` is a new store, so a test that
@@ -223,4 +224,46 @@ pub async fn redis_cluster() -> RedisCluster {
     RedisCluster {
         space: services::RedisClusterPrefix::create().await,
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the property tests share: their case budget, their seeded runner, two instances per backend
+// ---------------------------------------------------------------------------------------------
+
+/// The case budget: `PROPTEST_CASES`, else 64.
+pub fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+/// A runner on a fixed seed (`IDEM_MODEL_SEED` picks another), so that CI runs the same cases
+/// every time and a failure reproduces.
+pub fn runner() -> TestRunner {
+    let seed: u64 = std::env::var("IDEM_MODEL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x01de_5eed);
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config {
+        cases: cases(),
+        failure_persistence: None,
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+}
+
+/// Opens two instances over one backend's records (one shared store where the backend is memory),
+/// both judging time by `clock`.
+pub async fn instances<B: Backend>(backend: &B, clock: &ManualClock) -> Vec<Arc<B::Store>> {
+    let first = Arc::new(backend.open(Arc::new(clock.clone())).await);
+    let second = if backend.durable() {
+        Arc::new(backend.open(Arc::new(clock.clone())).await)
+    } else {
+        first.clone()
+    };
+    vec![first, second]
 }

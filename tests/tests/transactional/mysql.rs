@@ -175,6 +175,7 @@ transactional_cases!(@each [
     a_takeover_fences_the_first_attempts_commit,
     a_request_dropped_mid_handler_still_commits,
     the_claim_commits_alone_and_the_transaction_begins_at_first_use,
+    a_function_call_commits_its_writes_with_its_output,
 );
 transactional_cases!(@each [
     #[cfg_attr(skip_mysql, ignore = "needs MySQL/MariaDB, skipped by IDEM_TEST_SKIP")]

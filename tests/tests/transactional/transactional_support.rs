@@ -1231,6 +1231,106 @@ where
     ));
 }
 
+/// The function face in transactional mode (`Transactional::once`): the work's write commits with
+/// its stored output, and a retry returns the output without writing; a failed work's write is
+/// rolled back and its key freed; a call dropped mid-work (its worker died) commits nothing and
+/// leaves its key in flight.
+pub async fn a_function_call_commits_its_writes_with_its_output<B>(b: &B)
+where
+    B: Backend,
+    idem_runtime::Tx<Db<B>>: Ledger,
+{
+    use idem_runtime::function::{CallError, OnceError};
+    let txn = b.txn();
+    let policy = Policy::new().wait(Duration::ZERO);
+    let input = json!({"amount": 10});
+    let fp = Fingerprint::of_input(&input).expect("JSON");
+    let write = |id: &'static str, fail: bool| {
+        move |_, mut tx: idem_runtime::Tx<Db<B>>| async move {
+            let row = Row {
+                id,
+                owner: "fay",
+                amount: 10,
+                parent: None,
+            };
+            tx.insert(&row).await.map_err(|e| e.to_string())?;
+            if fail {
+                return Err("the work failed after writing".to_owned());
+            }
+            Ok(format!("wrote {id}"))
+        }
+    };
+    let key = RecordKey::new("fn-fay", "m-1");
+    let first = txn
+        .once(key.clone(), fp, &policy, write("fn-1", false))
+        .await;
+    assert_eq!(first.expect("runs"), "wrote fn-1");
+    assert_eq!(b.ledger_rows().await, 1);
+    let again = txn.once(key, fp, &policy, write("fn-1b", false)).await;
+    assert_eq!(again.expect("returns the stored output"), "wrote fn-1");
+    assert_eq!(b.ledger_rows().await, 1, "the retry wrote nothing");
+
+    let key = RecordKey::new("fn-fay", "m-2");
+    let failed = txn
+        .once(key.clone(), fp, &policy, write("fn-2", true))
+        .await;
+    assert!(matches!(failed, Err(CallError::Failed(_))), "{failed:?}");
+    assert_eq!(
+        b.ledger_rows().await,
+        1,
+        "the failed work's write was rolled back"
+    );
+    assert!(
+        released(b.record("fn-fay", "m-2").await),
+        "its key was freed"
+    );
+    let retried = txn.once(key, fp, &policy, write("fn-2", false)).await;
+    assert_eq!(retried.expect("the retry runs"), "wrote fn-2");
+    assert_eq!(b.ledger_rows().await, 2);
+
+    let key = RecordKey::new("fn-fay", "m-3");
+    let wrote = tokio::sync::Notify::new();
+    let dying = txn.once(
+        key.clone(),
+        fp,
+        &policy,
+        |_, mut tx: idem_runtime::Tx<Db<B>>| {
+            let wrote = &wrote;
+            async move {
+                let row = Row {
+                    id: "fn-3",
+                    owner: "fay",
+                    amount: 10,
+                    parent: None,
+                };
+                tx.insert(&row).await.map_err(|e| e.to_string())?;
+                wrote.notify_one();
+                std::future::pending::<Result<String, String>>().await
+            }
+        },
+    );
+    tokio::select! {
+        _ = dying => unreachable!("the work never ends"),
+        () = wrote.notified() => {}
+    }
+    assert_eq!(
+        b.ledger_rows().await,
+        2,
+        "the dead worker's write never committed"
+    );
+    let duplicate = txn.once(key, fp, &policy, write("fn-3b", false)).await;
+    assert!(
+        matches!(
+            duplicate,
+            Err(CallError::Once(OnceError::Rejected(
+                idem_runtime::Rejection::InFlight { .. }
+            )))
+        ),
+        "the key waits for the dead worker's lease: {duplicate:?}"
+    );
+    assert_eq!(b.ledger_rows().await, 2);
+}
+
 /// Every shared case, for a backend's test file to instantiate: `$setup` for most, `$small` (a pool
 /// of two connections) for the cases about the pool; `$attr`s go on every test.
 #[macro_export]
@@ -1254,6 +1354,7 @@ macro_rules! transactional_cases {
             a_takeover_fences_the_first_attempts_commit,
             a_request_dropped_mid_handler_still_commits,
             the_claim_commits_alone_and_the_transaction_begins_at_first_use,
+            a_function_call_commits_its_writes_with_its_output,
         );
         $crate::transactional_cases!(@each [$(#[$attr])*] $small =>
             a_duplicate_storm_leaves_the_pool_to_other_keys,
