@@ -41,7 +41,7 @@ impl Scope for User {
 }
 
 /// A payment request.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NewPayment {
     /// In minor units.
     pub amount: i64,
