@@ -560,6 +560,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_worker_taken_over_while_alive_cannot_store_its_output() {
+        // Record time is the manual clock's; tokio's real clock never reaches a renewal here.
+        let clock = crate::clock::ManualClock::new(crate::clock::Timestamp::from_millis(1_000_000));
+        let engine = Engine::new(MemoryStore::new().with_clock(clock.clone()));
+        let policy = Policy::new()
+            .lease(Duration::from_secs(30))
+            .wait(Duration::ZERO);
+        let key = RecordKey::new("q", "m-1");
+        let (runs, started, go_on) = (
+            AtomicU32::new(0),
+            tokio::sync::Notify::new(),
+            tokio::sync::Notify::new(),
+        );
+        let slow = engine.once(
+            key.clone(),
+            charge_input(1000),
+            &policy,
+            |a: Attempt| async {
+                started.notify_one();
+                go_on.notified().await;
+                charging(&runs)(a).await
+            },
+        );
+        let heir = async {
+            // The slow worker's lease runs out on the store's clock; an identical call takes over.
+            started.notified().await;
+            clock.advance(Duration::from_secs(31));
+            let output = engine
+                .once(key.clone(), charge_input(1000), &policy, charging(&runs))
+                .await;
+            go_on.notify_one();
+            output
+        };
+        let (slow, heir) = tokio::join!(slow, heir);
+        let heir = heir.expect("the heir runs and stores its output");
+        assert!(
+            matches!(slow, Err(CallError::Once(OnceError::NotStored(_)))),
+            "the fenced worker's output is refused: {slow:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        let replay = engine
+            .once(key, charge_input(1000), &policy, charging(&runs))
+            .await
+            .expect("the heir's output is kept");
+        assert_eq!(replay, heir);
+    }
+
+    #[tokio::test]
     async fn a_stored_output_of_another_type_is_a_decode_error_not_a_panic() {
         let engine = Engine::new(MemoryStore::new());
         let (runs, policy, key) = (AtomicU32::new(0), Policy::new(), RecordKey::new("q", "m-1"));
