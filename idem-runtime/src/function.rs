@@ -466,15 +466,15 @@ mod tests {
                     .await
             })
         });
-        let outputs: Vec<Receipt> = futures_util::future::join_all(calls)
-            .await
-            .into_iter()
-            .map(|joined| {
-                joined
+        let calls: Vec<_> = calls.collect();
+        let mut outputs = Vec::new();
+        for call in calls {
+            outputs.push(
+                call.await
                     .expect("no panic")
-                    .expect("every call gets the output")
-            })
-            .collect();
+                    .expect("every call gets the output"),
+            );
+        }
         assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert!(outputs.iter().all(|o| *o == outputs[0]));
         assert_eq!(engine.metrics().get(Outcome::Waited), 9);
