@@ -39,6 +39,14 @@ impl Parse for Args {
     }
 }
 
+/// The attribute's arguments; a syntax error the parser could not get past is one of its errors.
+pub(crate) fn parse(args: proc_macro2::TokenStream) -> Args {
+    syn::parse2::<Args>(args).unwrap_or_else(|e| Args {
+        written: Vec::new(),
+        errors: vec![e],
+    })
+}
+
 impl Args {
     pub(crate) fn get(&self, opt: Opt) -> Option<&Written> {
         self.written.iter().find(|w| w.opt == opt)

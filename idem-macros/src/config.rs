@@ -9,7 +9,7 @@
 //! the runtime's defaults are read from the runtime, never copied here.
 
 use crate::attr::{Args, Written};
-use crate::options::{Kind, Opt};
+use crate::options::{Applies, Kind, Opt};
 use crate::values::{self, format_ms, Bad, Choice};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::ToTokens;
@@ -76,21 +76,23 @@ pub(crate) enum Broken {
 
 /// Errors folded into one (`syn::Error::combine`).
 #[derive(Default)]
-struct Errors(Vec<syn::Error>);
+pub(crate) struct Errors(pub(crate) Vec<syn::Error>);
 
 impl Errors {
-    fn at(&mut self, tokens: impl ToTokens, message: impl std::fmt::Display) {
+    pub(crate) fn at(&mut self, tokens: impl ToTokens, message: impl std::fmt::Display) {
         self.0.push(syn::Error::new_spanned(tokens, message));
     }
 }
 
 /// Parses and validates the attribute arguments against the handler.
+#[cfg(test)]
 pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config> {
+    build_parsed(crate::attr::parse(args), item)
+}
+
+/// Validates the parsed attribute arguments against the handler.
+pub(crate) fn build_parsed(mut args: Args, item: TokenStream) -> syn::Result<Config> {
     let mut errors = Errors::default();
-    let mut args = syn::parse2::<Args>(args).unwrap_or_else(|e| {
-        errors.0.push(e);
-        Args::default()
-    });
     let handler = match syn::parse2::<ItemFn>(item) {
         Ok(f) => f,
         Err(e) => {
@@ -100,6 +102,18 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
         }
     };
     errors.0.append(&mut args.errors);
+    for w in args
+        .written
+        .iter()
+        .filter(|w| w.opt.applies() == Applies::Functions)
+    {
+        let kw = &w.kw;
+        errors.at(kw, format!("`{kw}` applies to plain async functions only, which `key = ...` selects; {}", match w.opt {
+            Opt::Engine => "a handler takes its engine from the router state (`FromRef`): remove `engine`",
+            Opt::Input => "a handler's fingerprint is its request (see `fingerprint_exclude`, `fingerprint_only`): remove `input`",
+            _ => "a handler takes its `Attempt` as an extractor parameter (`attempt: idem_runtime::axum::Attempt`): remove `attempt`",
+        }));
+    }
 
     check_signature(&handler.sig, &mut errors);
     let sig = &handler.sig;
@@ -113,7 +127,12 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
     // The options that are values (`scope`, `transaction` and `policy` name code, resolved above).
     let values: Vec<(Opt, Value)> = Opt::ALL
         .iter()
-        .filter(|opt| !matches!(opt.kind(), Kind::Param | Kind::Path))
+        .filter(|opt| {
+            !matches!(
+                opt.kind(),
+                Kind::Param | Kind::Path | Kind::Expr | Kind::Ident
+            )
+        })
         .filter_map(|&opt| Some((opt, value(args.get(opt)?, &mut errors)?)))
         .collect();
     let rules = rules(&args, &values, base.as_ref(), &mut errors);
@@ -138,7 +157,7 @@ pub(crate) fn build(args: TokenStream, item: TokenStream) -> syn::Result<Config>
 
 /// The rules between options, each at the option the attribute states (or none, if the attribute
 /// states neither side: then `Policy::checked` reports it at the named policy).
-fn rules(
+pub(crate) fn rules(
     args: &Args,
     values: &[(Opt, Value)],
     base: Option<&syn::Path>,
@@ -297,7 +316,7 @@ fn pointer_error(option: &str, text: &str) -> Option<String> {
 }
 
 /// Every error, in one.
-fn combined(errors: Vec<syn::Error>) -> Option<syn::Error> {
+pub(crate) fn combined(errors: Vec<syn::Error>) -> Option<syn::Error> {
     errors.into_iter().reduce(|mut all, e| {
         all.combine(e);
         all
@@ -313,7 +332,7 @@ fn choice(values: &[(Opt, Value)], opt: Opt) -> Option<&'static str> {
 }
 
 /// A value option's value, if it is valid.
-fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
+pub(crate) fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
     let name = w.opt.name();
     let kind = w.opt.kind();
     if let Kind::Pointers = kind {
@@ -368,14 +387,14 @@ fn value(w: &Written, errors: &mut Errors) -> Option<Value> {
             None => return Some(Value::Str(text)),
             Some(message) => message,
         },
-        Kind::Param | Kind::Path | Kind::Pointers => return None,
+        Kind::Param | Kind::Path | Kind::Pointers | Kind::Expr | Kind::Ident => return None,
     };
     errors.at(&lit, message);
     None
 }
 
 /// The string literal an option was given, if it was one.
-fn literal(w: &Written) -> Option<LitStr> {
+pub(crate) fn literal(w: &Written) -> Option<LitStr> {
     syn::parse2(w.value.to_token_stream()).ok()
 }
 
@@ -399,7 +418,7 @@ fn string(w: &Written, errors: &mut Errors) -> Option<LitStr> {
     None
 }
 
-fn policy_path(w: &Written, errors: &mut Errors) -> Option<syn::Path> {
+pub(crate) fn policy_path(w: &Written, errors: &mut Errors) -> Option<syn::Path> {
     match &w.value {
         Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => return Some(p.path.clone()),
         Expr::Lit(syn::ExprLit { lit: Lit::Str(s), .. }) => errors.at(
@@ -583,7 +602,7 @@ fn resolve_transaction(
 }
 
 /// Tokens as written, without the spaces `to_string` puts between them.
-fn compact(tokens: &TokenStream) -> String {
+pub(crate) fn compact(tokens: &TokenStream) -> String {
     tokens.to_string().replace(' ', "")
 }
 

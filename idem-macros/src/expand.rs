@@ -86,7 +86,7 @@
 //! - With `policy = PATH` the const starts from `PATH` (its span on `.checked()`, so an invalid
 //!   named policy is reported at the attribute) and the body limit is `{ PATH.max_request_body }`.
 
-use crate::config::{Broken, Config, Rule, ScopeSource, Value};
+use crate::config::{Config, ScopeSource, Value};
 use crate::options::Opt;
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
@@ -118,7 +118,11 @@ pub(crate) fn expand(config: Config) -> TokenStream {
         None => quote_spanned!(Span::mixed_site()=> ::idem_runtime::__private::Policy::new()),
     };
     let global = matches!(scope, ScopeSource::Global);
-    let policy = policy(&base, &name, global, &values, &rules);
+    let paths = crate::policy::Paths {
+        module: private(),
+        duration: quote_spanned!(Span::mixed_site()=> ::idem_runtime::__private::Duration),
+    };
+    let policy = crate::policy::policy(&paths, &base, &name, global, &values, &rules);
     let (companion, policy, order_check) = match utoipa_path(&mut attrs) {
         Some(path) => {
             let (companion, policy) = document(&name, path, policy);
@@ -143,86 +147,8 @@ fn private() -> TokenStream {
 }
 
 /// A generated local or item, hygienic where the language allows (`__idem_`-prefixed anyway).
-fn generated(name: &str) -> Ident {
+pub(crate) fn generated(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
-}
-
-/// The policy constant's expression: the base, a builder call for each option written (in
-/// [`Opt::ALL`]'s order: `ttl`, which raises `retain`, before an explicit `retain`), the handler
-/// name, the rules, and the compile-time check, spanned at a named policy if there is one.
-///
-/// Input:  `scope = "user", ttl = "1h"` on `create`
-/// Output: `Policy::new().ttl(Duration::from_millis(3600000u64)).handler("create").checked()`
-///
-/// With a rule on a value left to the policy (`retain = "1h"`, the default `ttl` unknown here):
-/// `{ let __idem_policy = CHAIN; match __idem_policy.validate() { Err(..) => panic!(..), _ =>
-/// __idem_policy.checked() } }`.
-fn policy(
-    base: &TokenStream,
-    name: &str,
-    global: bool,
-    values: &[(Opt, Value)],
-    rules: &[Rule],
-) -> TokenStream {
-    let (def, p) = (Span::mixed_site(), private());
-    let mut chain = base.clone();
-    for (opt, value) in values {
-        let method = match opt {
-            Opt::MaxBody => "max_request_body",
-            Opt::RejectAfter => "reject_after_ms",
-            other => other.name(),
-        };
-        let method = Ident::new(method, def);
-        let arg = match value {
-            Value::Duration(d) => {
-                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-                quote_spanned!(def=> #p::Duration::from_millis(#ms))
-            }
-            Value::Choice(ty, choice) => {
-                let (ty, variant) = (Ident::new(ty, def), Ident::new(choice.variant, def));
-                quote_spanned!(def=> #p::#ty::#variant)
-            }
-            Value::Date(ms) => ms.to_token_stream(),
-            Value::Size(bytes) => bytes.to_token_stream(),
-            Value::Str(text) => text.to_token_stream(),
-            Value::Strs(pointers) => {
-                let pointers = pointers.iter().map(|(p, _)| p);
-                quote_spanned!(def=> &[#(#pointers),*])
-            }
-        };
-        chain.extend(quote_spanned!(def=> .#method(#arg)));
-    }
-    chain.extend(quote_spanned!(def=> .handler(#name)));
-    // Keys shared by every caller must not be derived from bodies that callers share.
-    let check_span = base.clone().into_iter().next().map_or(def, |t| t.span());
-    let checked = match global {
-        true => quote_spanned!(check_span=> .checked_for_global_scope()),
-        false => quote_spanned!(check_span=> .checked()),
-    };
-    if rules.is_empty() {
-        return quote_spanned!(def=> #chain #checked);
-    }
-    let policy = generated("__idem_policy");
-    let arms = rules.iter().map(|Rule(broken, at, message)| {
-        let panic = quote_spanned!(*at=> ::core::panic!("{}", #message));
-        match broken {
-            Broken::Policy(error) => {
-                let error = Ident::new(error, def);
-                quote_spanned!(def=> ::core::result::Result::Err(#p::PolicyError::#error) => #panic,)
-            }
-            Broken::MissingKeyIsNot(variant) => {
-                let variant = Ident::new(variant, def);
-                quote_spanned!(def=> _ if !::core::matches!(#policy.missing_key, #p::MissingKey::#variant) => #panic,)
-            }
-        }
-    });
-    quote_spanned!(def=> {
-        let #policy = #chain;
-        match #policy.validate() {
-            #(#arms)*
-            _ => #policy #checked,
-        }
-    })
 }
 
 /// The body limit, `WithBody`'s second type argument.
@@ -569,7 +495,7 @@ fn run_call(tx: Option<&PatType>, last: &Last, body: TokenStream) -> TokenStream
 /// Output: `{ let __idem_ret: Json<Out> = { BODY }; __idem_ret }`; with `-> impl IntoResponse`:
 ///         `{ let __idem_ret: _ = { BODY }; { fn __idem_returns(__idem_ret: impl IntoResponse)
 ///         -> impl IntoResponse { __idem_ret } __idem_returns(__idem_ret) } }`
-fn body(output: &ReturnType, block: &Block) -> TokenStream {
+pub(crate) fn body(output: &ReturnType, block: &Block) -> TokenStream {
     let def = Span::mixed_site();
     let [ret, returns] = ["__idem_ret", "__idem_returns"].map(generated);
     let written: Type = match output {

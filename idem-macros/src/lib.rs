@@ -10,7 +10,9 @@ mod options;
 mod attr;
 mod config;
 mod expand;
+mod function;
 mod names;
+mod policy;
 mod values;
 
 use proc_macro::TokenStream;
@@ -401,9 +403,15 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
-    match config::build(args.into(), item.clone()) {
-        Ok(config) => expand::expand(config),
-        // Never expand to nothing: the handler as written, plus every error.
+    let args = attr::parse(args.into());
+    // A handler never has a `key`: it reads its key from the request.
+    let expanded = match args.get(options::Opt::Key) {
+        Some(_) => function::build(args, item.clone()).map(function::expand),
+        None => config::build_parsed(args, item.clone()).map(expand::expand),
+    };
+    match expanded {
+        Ok(tokens) => tokens,
+        // Never expand to nothing: the function as written, plus every error.
         Err(errors) => {
             let errors = errors.to_compile_error();
             quote::quote!(#item #errors)

@@ -127,8 +127,7 @@ pub use redis;
 #[doc(hidden)]
 pub use crate::axum::private as __private;
 
-/// Makes an axum handler idempotent. See [`idem_macros::idempotent`] for every option.
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+/// Makes an axum handler (feature `axum`), or any async function returning `Result` (with
+/// `key = ...`, see [`function`]), idempotent. See [`idem_macros::idempotent`] for every option.
 #[doc(inline)]
 pub use idem_macros::idempotent;
