@@ -23,20 +23,21 @@
 //!         ::std::string::ToString::to_string(&(msg.user)),
 //!         ::std::string::ToString::to_string(&(msg.id)),
 //!     );
-//!     let __idem_fingerprint = match ::idem_runtime::Fingerprint::of_input(&(msg)) {
-//!         Ok(fingerprint) => fingerprint,
-//!         Err(e) => return Err(From::from(::idem_runtime::function::OnceError::from(e))),
+//!     let __idem_e = match ::idem_runtime::Fingerprint::of_input(&(msg)) {
+//!         Ok(__idem_fingerprint) => __idem_engine
+//!             .once::<Receipt, _, _, _>(__idem_key, __idem_fingerprint, &__IDEM_POLICY,
+//!                 move |attempt: ::idem_runtime::function::Attempt| async move {
+//!                     let __idem_ret: Result<Receipt, ChargeError> = { BODY };
+//!                     __idem_ret
+//!                 })
+//!             .await,
+//!         Err(__idem_e) => Err(CallError::Once(OnceError::from(__idem_e))),
 //!     };
-//!     match __idem_engine
-//!         .once(__idem_key, __idem_fingerprint, &__IDEM_POLICY, move |attempt: ::idem_runtime::function::Attempt| async move {
-//!             let __idem_ret: Result<Receipt, ChargeError> = { BODY };
-//!             __idem_ret
-//!         })
-//!         .await
-//!     {
+//!     match __idem_e {
 //!         Ok(output) => Ok(output),
-//!         Err(::idem_runtime::function::CallError::Failed(e)) => Err(e),
-//!         Err(::idem_runtime::function::CallError::Once(e)) => Err(From::from(e)),
+//!         Err(::idem_runtime::function::CallError::Failed(__idem_e)) => Err(__idem_e),
+//!         Err(::idem_runtime::function::CallError::Once(__idem_e)) =>
+//!             Err(<ChargeError as From<::idem_runtime::function::OnceError>>::from(__idem_e)),
 //!     }
 //! }
 //! ```
@@ -47,8 +48,11 @@
 //!   `Engine::clone(&(..))` takes an `Engine`, a `&Engine` or an `Arc<Engine>` by deref coercion.
 //! - Each expression keeps its own span, so a scope or key that is not `Display`, an input that is
 //!   not `Serialize` or an engine of another type is reported at what the user wrote.
-//! - `From::from` of the engine's error is spanned at the return type's error type, where a type
-//!   without `From<OnceError>` is then reported.
+//! - `T` and `E` are written out as the signature gives them (`once::<T, ..>`, `<E as From<..>>`),
+//!   so that an output that is not `Serialize` and an error without `From<OnceError>` are reported
+//!   at the return type; the call and its `.await` are located there too, as each asks again.
+//!   With an alias (`io::Result<T>`) the error type is inferred and reported at the attribute.
+//! - An input that does not encode as JSON is the engine's error, through the same `From`.
 //! - The body is `expand::body`'s, as in handler mode: its `?` and `return` leave the `async
 //!   move` block with the function's declared `Result`.
 //! - Only public paths of the runtime are named: function mode works without its `axum` feature.
@@ -237,15 +241,15 @@ fn check_signature(function: &ItemFn, errors: &mut Errors) {
     }
 }
 
-/// `Result<T, E>` (or an alias of that name, like `io::Result<T>`): its error type if written.
-/// `None` if the type is no `Result` at all.
-fn result_type(ty: &Type) -> Option<Option<&Type>> {
+/// `Result<T, E>` (or an alias of that name, like `io::Result<T>`): its type arguments, `T` and
+/// `E` as far as written. `None` if the type is no `Result` at all.
+fn result_type(ty: &Type) -> Option<Vec<&Type>> {
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
     if last.ident != "Result" {
         return None;
     }
-    let error = match &last.arguments {
+    let args = match &last.arguments {
         PathArguments::AngleBracketed(args) => args
             .args
             .iter()
@@ -253,10 +257,10 @@ fn result_type(ty: &Type) -> Option<Option<&Type>> {
                 GenericArgument::Type(ty) => Some(ty),
                 _ => None,
             })
-            .nth(1),
-        _ => None,
+            .collect(),
+        _ => Vec::new(),
     };
-    Some(error)
+    Some(args)
 }
 
 /// The function rewritten: the signature kept, the body run through `Engine::once`.
@@ -301,42 +305,216 @@ pub(crate) fn expand(config: FnConfig) -> TokenStream {
         Some(ident) => ident.into_token_stream(),
         None => quote_spanned!(def=> _),
     };
-    // Where a missing `From<OnceError>` is reported: the error type, else the return type.
-    let error_span = match &sig.output {
-        ReturnType::Type(_, ty) => match result_type(ty) {
-            Some(Some(error)) => error.span(),
-            _ => ty.span(),
-        },
-        ReturnType::Default => def,
-    };
-    let from = quote_spanned!(error_span=> ::core::convert::From::from);
     let f = quote_spanned!(def=> ::idem_runtime::function);
+    // `T` and `E` as written, so that an output that is not `Serialize` and an error without
+    // `From<OnceError>` are reported there (an alias like `io::Result<T>` leaves `E` inferred).
+    let (output, error) = match &sig.output {
+        ReturnType::Type(_, ty) => match result_type(ty).as_deref() {
+            Some([output, error, ..]) => (Some(*output), Some(*error)),
+            Some([output]) => (Some(*output), None),
+            _ => (None, None),
+        },
+        ReturnType::Default => (None, None),
+    };
+    let (once, at_output) = match output {
+        Some(t) if !t.to_token_stream().to_string().contains("impl ") => (
+            quote_spanned!(def=> once::<#t, _, _, _>),
+            def.located_at(t.span()),
+        ),
+        _ => (quote_spanned!(def=> once), def),
+    };
+    let from_once_error = match error {
+        Some(error) => {
+            quote_spanned!(def=> <#error as ::core::convert::From<#f::OnceError>>::from(#e))
+        }
+        None => quote_spanned!(def=> ::core::convert::From::from(#e)),
+    };
+    let body = body(&sig.output, &block);
+    let work = quote_spanned!(def=> move |#attempt: #f::Attempt| async move #body);
+    // The call and its `.await` at `T` too: each asks again for `T: Serialize`.
+    // The receiver located there as well: the call expression spans from it.
+    let receiver = Ident::new("__idem_engine", at_output);
+    let call = quote_spanned!(at_output=> #receiver.#once(#key_var, #fingerprint_var, &#policy_const, #work).await);
     let engine = quote_spanned!(engine.span()=> ::idem_runtime::Engine::clone(&(#engine)));
     let to_string =
         |expr: &Expr| quote_spanned!(expr.span()=> ::std::string::ToString::to_string(&(#expr)));
     let (scope, key) = (to_string(&scope), to_string(&key));
     let fingerprint =
         quote_spanned!(input.span()=> ::idem_runtime::Fingerprint::of_input(&(#input)));
-    let body = body(&sig.output, &block);
     let block = quote_spanned! {def=> {
         const #policy_const: ::idem_runtime::Policy = #policy;
         let #engine_var: ::idem_runtime::Engine = #engine;
         let #key_var = ::idem_runtime::RecordKey::new(#scope, #key);
-        let #fingerprint_var = match #fingerprint {
-            ::core::result::Result::Ok(fingerprint) => fingerprint,
-            ::core::result::Result::Err(#e) => {
-                return ::core::result::Result::Err(#from(#f::OnceError::from(#e)))
+        // An input that does not encode is the engine's error, returned as the others are.
+        let #e = match #fingerprint {
+            ::core::result::Result::Ok(#fingerprint_var) => {
+                #call
             }
+            ::core::result::Result::Err(#e) => ::core::result::Result::Err(#f::CallError::Once(#f::OnceError::from(#e))),
         };
-        let #e = #engine_var.once(#key_var, #fingerprint_var, &#policy_const, move |#attempt: #f::Attempt| async move #body);
-        match #e.await {
+        match #e {
             ::core::result::Result::Ok(output) => ::core::result::Result::Ok(output),
             ::core::result::Result::Err(#f::CallError::Failed(#e)) => ::core::result::Result::Err(#e),
-            ::core::result::Result::Err(#f::CallError::Once(#e)) => ::core::result::Result::Err(#from(#e)),
+            ::core::result::Result::Err(#f::CallError::Once(#e)) => ::core::result::Result::Err(#from_once_error),
         }
     }};
     quote_spanned! {def=>
         #(#attrs)*
         #vis #sig #block
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::options::{Applies, Opt};
+    use quote::quote;
+
+    fn build(
+        args: proc_macro2::TokenStream,
+        item: proc_macro2::TokenStream,
+    ) -> Result<super::FnConfig, Vec<String>> {
+        super::build(crate::attr::parse(args), item)
+            .map_err(|e| e.into_iter().map(|e| e.to_string()).collect())
+    }
+
+    fn charge() -> proc_macro2::TokenStream {
+        quote!(
+            async fn charge(&self, msg: Msg) -> Result<Receipt, ChargeError> {
+                todo!()
+            }
+        )
+    }
+
+    fn errors(args: proc_macro2::TokenStream) -> Vec<String> {
+        build(args, charge()).err().unwrap_or_default()
+    }
+
+    #[test]
+    fn every_option_of_handlers_only_is_refused_with_its_reason() {
+        for &opt in Opt::ALL {
+            let name = syn::Ident::new(opt.name(), proc_macro2::Span::call_site());
+            let e = errors(
+                quote!(engine = self.engine, scope = msg.user, key = msg.id, input = msg, #name = "x"),
+            );
+            match opt.applies() {
+                Applies::Handlers => {
+                    assert_eq!(e.len(), 1, "{e:?}");
+                    let prefix = format!("`{name}` applies to axum handlers only");
+                    assert!(e[0].starts_with(&prefix), "{e:?}");
+                    assert!(!super::http_only(opt).is_empty());
+                }
+                // Given twice, or given a string where an expression or a duration is expected:
+                // never refused as an option of another mode.
+                _ => assert!(
+                    e.iter()
+                        .all(|e| !e.contains("applies to axum handlers only")),
+                    "{e:?}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn the_required_expressions_are_asked_for_at_once() {
+        let e = errors(quote!(key = msg.id));
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e[0].starts_with("missing `engine`"), "{e:?}");
+        assert!(e[1].starts_with("missing `scope`"), "{e:?}");
+        assert!(e[1].contains("`scope = \"charge\"`"), "{e:?}");
+        assert!(e[2].starts_with("missing `input`"), "{e:?}");
+        assert!(e[2].contains("`input = ()` to opt out"), "{e:?}");
+    }
+
+    #[test]
+    fn the_signature_is_an_async_fn_returning_result() {
+        let args = quote!(engine = ENGINE, scope = "jobs", key = id, input = ());
+        let e = build(
+            args.clone(),
+            quote!(
+                fn run(id: u32) -> Result<u8, E> {
+                    todo!()
+                }
+            ),
+        );
+        assert!(e.err().unwrap_or_default()[0].contains("must be `async fn`"));
+        let e = build(
+            args.clone(),
+            quote!(
+                async fn run(id: u32) -> u8 {
+                    1
+                }
+            ),
+        );
+        assert!(e.err().unwrap_or_default()[0].contains("must return `Result<T, E>`"));
+        let ok = |item| build(args.clone(), item).is_ok();
+        assert!(ok(quote!(
+            async fn run(id: u32) -> io::Result<u8> {
+                todo!()
+            }
+        )));
+        assert!(ok(quote!(
+            async fn run<T: Send>(self, id: T) -> Result<u8, E> {
+                todo!()
+            }
+        )));
+    }
+
+    #[test]
+    fn attempt_is_a_new_name_and_scope_no_parameters_name() {
+        let e = errors(quote!(
+            engine = e,
+            scope = msg.user,
+            key = msg.id,
+            input = msg,
+            attempt = msg
+        ));
+        assert!(
+            e[0].starts_with("`msg` is already a parameter of `charge`"),
+            "{e:?}"
+        );
+        let e = errors(quote!(engine = e, scope = "msg", key = msg.id, input = msg));
+        assert!(e[0].contains("write `scope = msg`"), "{e:?}");
+        assert!(errors(quote!(
+            engine = e,
+            scope = "billing",
+            key = msg.id,
+            input = msg
+        ))
+        .is_empty());
+    }
+
+    #[test]
+    fn the_expansion_evaluates_the_expressions_before_the_body_runs() {
+        let args = quote!(
+            engine = self.engine,
+            scope = msg.user,
+            key = msg.id,
+            input = msg,
+            attempt = attempt,
+            ttl = "1h"
+        );
+        let Ok(config) = build(args, charge()) else {
+            panic!("refused")
+        };
+        let out = super::expand(config).to_string();
+        let at = |text: &str| {
+            out.find(text)
+                .unwrap_or_else(|| panic!("no `{text}` in {out}"))
+        };
+        assert!(out.contains(":: idem_runtime :: Policy :: new () . ttl (:: core :: time :: Duration :: from_millis (3600000u64)) . handler (\"charge\") . checked ()"), "{out}");
+        let order = [
+            ":: idem_runtime :: Engine :: clone (& (self . engine))",
+            ":: std :: string :: ToString :: to_string (& (msg . user))",
+            ":: std :: string :: ToString :: to_string (& (msg . id))",
+            ":: idem_runtime :: Fingerprint :: of_input (& (msg))",
+            "move | attempt : :: idem_runtime :: function :: Attempt | async move",
+            "let __idem_ret : Result < Receipt , ChargeError > =",
+        ]
+        .map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{out}");
+        assert!(
+            !out.contains("__private"),
+            "function mode names public paths only: {out}"
+        );
     }
 }

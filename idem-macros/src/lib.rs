@@ -3,7 +3,9 @@
 //!
 //! Internals: `options.rs` lists the options, `attr.rs` parses the arguments, `config.rs`
 //! validates them against the handler, `values.rs` reads durations, dates, sizes and enum values,
-//! `names.rs` reads header names and JSON Pointers, `expand.rs` rewrites the handler.
+//! `names.rs` reads header names and JSON Pointers, `expand.rs` rewrites the handler, `policy.rs`
+//! builds the policy constant of both modes, and `function.rs` validates and rewrites a plain
+//! async function (`key = ...`).
 
 #[macro_use]
 mod options;
@@ -19,6 +21,8 @@ use proc_macro::TokenStream;
 
 /// Makes an axum handler idempotent: a retried request (same `Idempotency-Key`, same caller, same
 /// request) gets the stored response of the first one instead of running the handler again.
+/// With `key = ...`, it makes any `async fn` returning `Result` run once per key instead: see
+/// [On plain async functions](#on-plain-async-functions).
 ///
 /// ```
 /// # use axum::{extract::{FromRef, FromRequestParts, State}, http::{request::Parts, StatusCode}, Json};
@@ -76,7 +80,9 @@ use proc_macro::TokenStream;
 ///
 /// Every option is checked at compile time; a mistake is an error on the literal you wrote, with
 /// the accepted forms and, for a near miss, the probable meaning (`"24 hours"` → `"24h"`). The
-/// defaults are [`Policy::new`]'s: an option left out is not set by the attribute.
+/// defaults are [`Policy::new`]'s: an option left out is not set by the attribute. The last
+/// column says where an option applies: to axum handlers, to plain async functions (`key = ...`),
+/// or to both; an option written where it does not apply is an error that says why.
 ///
 #[doc = options_table!()]
 ///
@@ -89,7 +95,8 @@ use proc_macro::TokenStream;
 /// Names the handler parameter that identifies the caller. It must be a parameter bound to a plain
 /// name (`user: AuthUser` or `mut user: AuthUser`, not `Extension(user): Extension<AuthUser>`),
 /// and its type must implement [`Scope`]; if not, the error points at the type. One caller's key
-/// never returns another caller's response.
+/// never returns another caller's response. (On a plain async function, `scope` is an expression:
+/// see [below](#on-plain-async-functions).)
 ///
 /// `scope = "global"` opts out: all callers share one key space. Use it for endpoints without
 /// callers to tell apart (a webhook receiver that dedupes on the sender's event id), never for
@@ -343,6 +350,93 @@ use proc_macro::TokenStream;
 /// # let _: axum::Router<App> = axum::Router::new().route("/", axum::routing::post(create_payment));
 /// ```
 ///
+/// # On plain async functions
+///
+/// A queue consumer, a job or a call to another service hears the same retries as an HTTP
+/// server: a message redelivered, a job run again. `key = <expression>` makes any `async fn`
+/// returning `Result<T, E>` run once per key, through [`Engine::once`]: the first call runs the
+/// body and stores its `Ok` output (as JSON); every later call with the key gets that output
+/// without running the body, and a call made while the first one runs waits for it.
+///
+/// ```
+/// use idem_runtime::function::OnceError;
+/// use idem_runtime::store::memory::MemoryStore;
+/// use idem_runtime::{idempotent, Engine};
+///
+/// #[derive(serde::Serialize)]
+/// struct ChargeMessage { id: String, user: u64, amount: u64 }
+///
+/// /// A declined card is a final answer: an `Ok` output, stored and returned to every retry.
+/// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+/// enum Charge { Captured { receipt: String }, Declined }
+///
+/// #[derive(Debug)]
+/// enum ChargeError { Network, Idem(OnceError) }
+///
+/// // The engine's own errors (another input under the same key, a store down) reach the caller
+/// // through the function's error type.
+/// impl From<OnceError> for ChargeError {
+///     fn from(e: OnceError) -> Self { ChargeError::Idem(e) }
+/// }
+///
+/// struct Consumer { engine: Engine }
+///
+/// impl Consumer {
+///     #[idempotent(engine = self.engine, scope = msg.user, key = msg.id, input = msg,
+///                  attempt = attempt, ttl = "24h", lease = "30s")]
+///     async fn charge(&self, msg: ChargeMessage) -> Result<Charge, ChargeError> {
+///         if msg.amount == 0 {
+///             return Ok(Charge::Declined);
+///         }
+///         // Pass `attempt.downstream_key()` to the card network: it is the same on every attempt
+///         // at this key, a takeover after a crash included, so the card is charged once.
+///         let receipt = format!("{} under {}", msg.amount, attempt.downstream_key());
+///         Ok(Charge::Captured { receipt })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ChargeError> {
+/// let consumer = Consumer { engine: Engine::new(MemoryStore::new()) };
+/// let message = || ChargeMessage { id: "msg-7f3a".into(), user: 42, amount: 1000 };
+/// let first = consumer.charge(message()).await?;
+/// // The redelivery gets the stored output; the body does not run again.
+/// assert_eq!(consumer.charge(message()).await?, first);
+/// # Ok(()) }
+/// ```
+///
+/// The options that name code are expressions here, evaluated in this order when the function is
+/// called, before its body (they may borrow the parameters, which the body then takes):
+///
+/// - `engine` (required): an [`Engine`], `&Engine` or `Arc<Engine>`, like `engine = self.engine`.
+/// - `scope` (required): whose call this is, any `Display` (`scope = msg.user`); keys are unique
+///   per scope. A string literal is a fixed scope (`scope = "billing"`), shared by every call;
+///   a string that names a parameter is refused, as it is the handler form (write the name
+///   without quotes).
+/// - `key` (required, and what selects this mode): the call's idempotency key, any `Display`
+///   (`key = msg.id`, `key = format!("{}-{}", order.id, line)`).
+/// - `input` (required): any `Serialize`, whose fingerprint tells a retry of this call from
+///   another call that reuses its key; the latter gets [`OnceError`]'s `Rejected(Mismatch)`
+///   through `E` instead of the first call's output. `input = ()` opts out of the check: every
+///   call with the key then gets the first call's output, whatever its input.
+/// - `attempt = <name>` (optional): binds the [`Attempt`] in the body, for its `downstream_key()`
+///   and `taken_over()`.
+///
+/// `ttl`, `retain`, `lease`, `wait` and `policy` apply as for handlers, with the same compile-time
+/// checks; the policy's `handler` name is the function's. The options of HTTP requests
+/// (`missing_key`, `derive_window`, `reject_after`, `replay`, `server_errors`, `client_errors`,
+/// `key_header`, `key_field`, `fingerprint_exclude`, `fingerprint_only`, `max_body`,
+/// `transaction`) are errors here.
+///
+/// **An `Err` releases the key**: the next call with it runs the body again, with the same
+/// downstream key. A failure that is the final answer (a card declined) belongs in the `Ok`
+/// type, as above, and is then stored like any other output. The function must be `async fn`
+/// and return `Result<T, E>` (or an alias named `Result`, like `io::Result<T>`), where `T` is
+/// `Serialize` and `DeserializeOwned` and `E: From<OnceError>`; each is reported at the return
+/// type if not. Receivers (`&self`, `&mut self`, `self`), generics, `?` and `return` in the body,
+/// the visibility, doc comments and other attributes are kept as written. This mode needs no
+/// feature of idem-runtime: `axum` is only for handlers.
+///
 /// # OpenAPI (`utoipa`)
 ///
 /// A `#[utoipa::path(...)]` written *below* `#[idempotent]` gets the handler's `Idempotency-Key`
@@ -400,21 +494,27 @@ use proc_macro::TokenStream;
 /// [`Policy::checked`]: ../idem_runtime/policy/struct.Policy.html#method.checked
 /// [`Policy::new`]: ../idem_runtime/policy/struct.Policy.html#method.new
 /// [`Engine`]: ../idem_runtime/engine/struct.Engine.html
+/// [`Engine::once`]: ../idem_runtime/engine/struct.Engine.html#method.once
+/// [`OnceError`]: ../idem_runtime/function/enum.OnceError.html
+/// [`Attempt`]: ../idem_runtime/function/struct.Attempt.html
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
     let args = attr::parse(args.into());
     // A handler never has a `key`: it reads its key from the request.
-    let expanded = match args.get(options::Opt::Key) {
-        Some(_) => function::build(args, item.clone()).map(function::expand),
-        None => config::build_parsed(args, item.clone()).map(expand::expand),
+    let function = args.get(options::Opt::Key).is_some();
+    let expanded = match function {
+        true => function::build(args, item.clone()).map(function::expand),
+        false => config::build_parsed(args, item.clone()).map(expand::expand),
     };
     match expanded {
         Ok(tokens) => tokens,
-        // Never expand to nothing: the function as written, plus every error.
+        // Never expand to nothing: the function as written, plus every error. A plain function's
+        // parameters may be used only by the attribute (`engine = engine`): not reported unused.
         Err(errors) => {
             let errors = errors.to_compile_error();
-            quote::quote!(#item #errors)
+            let allow = function.then(|| quote::quote!(#[allow(unused_variables)]));
+            quote::quote!(#allow #item #errors)
         }
     }
     .into()

@@ -87,7 +87,7 @@ options! {
     scope Scope: Kind::Param, "user",
         "handlers: a parameter name, or `\"global\"`; functions: an expression (`Display`)", "**required**", Both;
     key Key: Kind::Expr, "msg.id",
-        "an expression (`Display`): the call's idempotency key; selects function mode", "none", Functions;
+        "an expression (`Display`): the call's idempotency key; selects function mode", "none (a handler)", Functions;
     engine Engine: Kind::Expr, "self.engine",
         "an expression: an `Engine`, `&Engine` or `Arc<Engine>`", "**required**", Functions;
     input Input: Kind::Expr, "msg",

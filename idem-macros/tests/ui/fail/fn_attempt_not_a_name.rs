@@ -1,0 +1,13 @@
+// `attempt` names the binding the body sees the `Attempt` by.
+#[path = "../fn_support.rs"]
+mod fn_support;
+
+use fn_support::{ChargeError, ChargeMessage, Receipt};
+use idem_runtime::{idempotent, Engine};
+
+#[idempotent(engine = engine, scope = msg.user, key = msg.id, input = msg, attempt = "attempt")]
+async fn charge(engine: &Engine, msg: ChargeMessage) -> Result<Receipt, ChargeError> {
+    Ok(Receipt { amount: msg.amount })
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+// Only an `Ok` output is stored, so the function returns `Result`.
+#[path = "../fn_support.rs"]
+mod fn_support;
+
+use fn_support::{ChargeMessage, Receipt};
+use idem_runtime::{idempotent, Engine};
+
+#[idempotent(engine = engine, scope = msg.user, key = msg.id, input = msg)]
+async fn charge(engine: &Engine, msg: ChargeMessage) -> Receipt {
+    Receipt { amount: msg.amount }
+}
+
+fn main() {}

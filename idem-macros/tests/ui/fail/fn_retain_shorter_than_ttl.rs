@@ -1,0 +1,13 @@
+// The policy rules hold for functions too: `retain` is at least `ttl`.
+#[path = "../fn_support.rs"]
+mod fn_support;
+
+use fn_support::{ChargeError, ChargeMessage, Receipt};
+use idem_runtime::{idempotent, Engine};
+
+#[idempotent(engine = engine, scope = msg.user, key = msg.id, input = msg, ttl = "2d", retain = "1d")]
+async fn charge(engine: &Engine, msg: ChargeMessage) -> Result<Receipt, ChargeError> {
+    Ok(Receipt { amount: msg.amount })
+}
+
+fn main() {}
