@@ -709,6 +709,24 @@ mod tests {
     }
 
     #[test]
+    fn the_options_of_plain_functions_are_refused_on_a_handler() {
+        let e = errors(quote!(
+            scope = "user",
+            engine = self.engine,
+            input = body,
+            attempt = attempt
+        ));
+        assert_eq!(e.len(), 3, "{e:?}");
+        for (e, option) in e.iter().zip(["engine", "input", "attempt"]) {
+            let opening = format!(
+                "`{option}` applies to plain async functions only, which `key = ...` selects; "
+            );
+            assert!(e.starts_with(&opening), "{e}");
+            assert!(e.ends_with(&format!("remove `{option}`")), "{e}");
+        }
+    }
+
+    #[test]
     fn the_scope_accepts_raw_names_and_global() {
         assert!(errors(quote!(scope = "global")).is_empty());
         assert!(errors(quote!(scope = "r#user")).is_empty());
