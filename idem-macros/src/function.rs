@@ -173,7 +173,12 @@ pub(crate) fn build(mut args: Args, item: TokenStream) -> syn::Result<FnConfig> 
             values,
             rules,
         }),
-        (e, ..) => Err(e.unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid"))),
+        (Some(e), ..) => Err(e),
+        // Each option left out was reported above, and `key` is what selected this mode.
+        (None, ..) => Err(syn::Error::new(
+            Span::call_site(),
+            "`#[idempotent]` needs `engine`, `scope`, `key` and `input` on a plain function",
+        )),
     }
 }
 

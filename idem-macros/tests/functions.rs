@@ -245,3 +245,25 @@ async fn a_generic_function_with_the_engine_by_value() {
         "{other:?}"
     );
 }
+
+#[tokio::test]
+async fn concurrent_redeliveries_on_spawned_tasks_share_one_run() {
+    // A consumer spawns a task per message: the function's future must be `Send`.
+    let consumer = Arc::new(Consumer::new());
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let consumer = consumer.clone();
+            tokio::spawn(async move { consumer.charge(message("m-1", 1000)).await })
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for task in tasks {
+        outputs.push(
+            task.await
+                .expect("no panic")
+                .expect("runs, waits or replays"),
+        );
+    }
+    assert_eq!(consumer.runs(), 1);
+    assert!(outputs.iter().all(|o| *o == outputs[0]), "{outputs:?}");
+}
