@@ -104,7 +104,7 @@ fn http_only(opt: Opt) -> &'static str {
             "a function's fingerprint is its `input`: pass the part that tells a retry from another call, like `input = (msg.amount, &msg.currency)`"
         }
         Opt::MaxBody => "a function has no request body to bound: remove it",
-        _ => "a function has no request, so no transaction is opened for it: open one in the body",
+        _ => "the attribute does not write the transactional form of a function yet: call `idem_runtime::Transactional::once`, which hands the work a `Tx` whose writes commit with its output",
     }
 }
 
