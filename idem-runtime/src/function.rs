@@ -24,7 +24,7 @@
 //! rule; `server_errors`, `client_errors` and the HTTP options of the [`Policy`] do not apply to a
 //! function. Its output is stored whole, whatever `max_stored_body` says.
 //!
-//! The [`idempotent`](crate::idempotent) attribute with `key = ...` writes the call for an
+//! The `#[idempotent]` attribute (feature `macros`, on by default) with `key = ...` writes the call for an
 //! `async fn` (`#[idempotent(engine = self.engine, scope = msg.user, key = msg.id, input = msg)]`):
 //! see its section "On plain async functions".
 //!

@@ -129,5 +129,7 @@ pub use crate::axum::private as __private;
 
 /// Makes an axum handler (feature `axum`), or any async function returning `Result` (with
 /// `key = ...`, see [`function`]), idempotent. See [`idem_macros::idempotent`] for every option.
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 #[doc(inline)]
 pub use idem_macros::idempotent;
