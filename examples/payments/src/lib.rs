@@ -53,6 +53,7 @@
 mod api;
 pub mod auth;
 pub mod card;
+pub mod consumer;
 pub mod ledger;
 pub mod metrics;
 mod problem;
@@ -177,6 +178,10 @@ pub enum StartError {
     /// The listener could not be bound, or serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// The charge consumer could not connect to the broker (`AMQP_URL`), or declare or consume its
+    /// queue.
+    #[error("{0}")]
+    Broker(String),
 }
 
 /// The router state. Deriving `FromRef` hands each handler its part: the idempotent handlers take
@@ -461,7 +466,7 @@ impl Server {
 }
 
 /// Resolves on SIGTERM (what a deploy sends) or Ctrl-C.
-async fn stop_signal() {
+pub async fn stop_signal() {
     #[cfg(unix)]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
