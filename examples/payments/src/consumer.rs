@@ -263,6 +263,12 @@ impl Charger {
                 charged,
                 ran: ran.load(Ordering::Relaxed),
             },
+            Err(CallError::Once(OnceError::Rejected(Rejection::Mismatch { .. }))) => {
+                dead("mismatch: this message_id was used with another body".to_owned())
+            }
+            Err(CallError::Once(OnceError::Rejected(Rejection::Expired { .. }))) => {
+                dead("expired: this message_id is past its ttl".to_owned())
+            }
             Err(e) if e.is_retryable() => {
                 // Still running elsewhere after the wait: the wait was the pause.
                 let pause = !matches!(
@@ -516,7 +522,7 @@ impl Settler {
         let settled = match verdict {
             Verdict::Ack { charged, ran } => {
                 let outcome = if ran { "charged" } else { "replayed" };
-                tracing::info!(message_id = %id, payment = %charged.payment_id, charge = %charged.charge_id, outcome, "message settled");
+                tracing::info!(message_id = %id, payment = %charged.payment_id, charge = %charged.charge_id, %outcome, "message settled");
                 delivery.acker.ack(BasicAckOptions::default()).await
             }
             Verdict::Requeue { reason, pause } => {
