@@ -442,13 +442,14 @@ impl ChargeConsumer {
             dead_queue,
         });
         let mut tasks = JoinSet::new();
-        let mut stopped_at: Option<Instant> = None;
+        // The end of the shutdown grace period, once the stop signal came.
+        let mut deadline: Option<Instant> = None;
         let mut failed = None;
         tokio::pin!(stop);
         loop {
             tokio::select! {
-                () = &mut stop, if stopped_at.is_none() => {
-                    stopped_at = Some(Instant::now());
+                () = &mut stop, if deadline.is_none() => {
+                    deadline = Some(Instant::now() + grace);
                     tracing::info!(in_progress = tasks.len(), "stop signal received; cancelling the subscription and finishing the messages in progress");
                     let tag = consumer.tag();
                     if let Err(e) = channel.basic_cancel(tag.as_str(), BasicCancelOptions::default()).await {
@@ -474,9 +475,11 @@ impl ChargeConsumer {
                         tracing::error!(error = %e, "a message's task failed");
                     }
                 }
+                // The broker never confirmed the cancel: the grace period bounds the wait anyway.
+                () = sleep_until(deadline), if deadline.is_some() => break,
             }
         }
-        let deadline = stopped_at.unwrap_or_else(Instant::now) + grace;
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + grace);
         let drained = tokio::time::timeout_at(deadline, async {
             while let Some(joined) = tasks.join_next().await {
                 if let Err(e) = joined {
@@ -579,10 +582,149 @@ impl Settler {
     }
 }
 
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn requeue(delivery: &Delivery) -> lapin::Result<bool> {
     let options = BasicNackOptions {
         requeue: true,
         ..BasicNackOptions::default()
     };
     delivery.acker.nack(options).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_runtime::store::memory::MemoryStore;
+
+    fn config(vars: &[(&str, &str)]) -> Result<ConsumerConfig, StartError> {
+        ConsumerConfig::from_lookup(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn the_environment_has_defaults_and_refuses_a_bad_lease() {
+        let defaults = config(&[]).expect("defaults");
+        assert_eq!(defaults.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(defaults.queue, "charges");
+        assert_eq!(defaults.dead_queue(), "charges.dead");
+        assert_eq!(defaults.lease, DEFAULT_LEASE);
+        assert_eq!(defaults.service, Config::default());
+        let set = config(&[("CHARGE_QUEUE", "q"), ("CHARGE_LEASE_MS", "1500")]).expect("set");
+        assert_eq!(
+            (set.dead_queue(), set.lease),
+            ("q.dead".to_owned(), Duration::from_millis(1500))
+        );
+        for bad in ["0", "soon", "-1"] {
+            assert!(config(&[("CHARGE_LEASE_MS", bad)]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_record_scope_is_never_an_http_scope() {
+        assert_eq!(record_scope("alice"), "charge:alice");
+        assert!(!crate::auth::is_user_id(&record_scope("alice")));
+    }
+
+    #[test]
+    fn a_body_is_read_as_the_http_service_reads_a_payment() {
+        let ok = ChargeRequest::parse(
+            br#"{"user": "alice", "amount": 1000, "currency": "KRW", "note": 1}"#,
+        );
+        assert_eq!(
+            ok,
+            Ok(ChargeRequest {
+                user: "alice".into(),
+                amount: 1000,
+                currency: "KRW".into()
+            })
+        );
+        for bad in [
+            &br#"not json"#[..],
+            br#"{"user": "alice", "amount": "ten", "currency": "KRW"}"#,
+            br#"{"user": "Alice!", "amount": 1000, "currency": "KRW"}"#,
+            br#"{"user": "alice", "amount": 0, "currency": "KRW"}"#,
+            br#"{"user": "alice", "amount": 9007199254740992, "currency": "KRW"}"#,
+            br#"{"user": "alice", "amount": 1000, "currency": "krw"}"#,
+        ] {
+            assert!(
+                ChargeRequest::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    async fn charger() -> Charger {
+        let ledger = Ledger::open_sqlite("sqlite::memory:")
+            .await
+            .expect("ledger");
+        let card = CardNetwork::new(ledger.database().clone(), Duration::ZERO);
+        Charger::new(Engine::new(MemoryStore::new()), ledger, card, DEFAULT_LEASE)
+    }
+
+    const ALICE_1000: &[u8] = br#"{"user": "alice", "amount": 1000, "currency": "KRW"}"#;
+
+    #[tokio::test]
+    async fn a_message_is_charged_once_and_its_redelivery_acked_with_the_same_outcome() {
+        let charger = charger().await;
+        let first = charger.decide(Some("m-1"), ALICE_1000).await;
+        let again = charger.decide(Some("m-1"), ALICE_1000).await;
+        let (
+            Verdict::Ack { charged, ran: true },
+            Verdict::Ack {
+                charged: replayed,
+                ran: false,
+            },
+        ) = (first, again)
+        else {
+            panic!("charged, then replayed")
+        };
+        assert_eq!(charged, replayed);
+        assert_eq!(
+            charger.card.charges("alice").await.expect("charges").len(),
+            1
+        );
+        assert_eq!(
+            charger.ledger.list("alice").await.expect("payments").len(),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn poison_and_mismatches_are_dead_letters_and_charge_nothing() {
+        let charger = charger().await;
+        let dead = |verdict: Verdict| match verdict {
+            Verdict::DeadLetter { reason } => reason,
+            other => panic!("not a dead letter: {other:?}"),
+        };
+        assert_eq!(
+            dead(charger.decide(None, ALICE_1000).await),
+            "no message_id"
+        );
+        assert_eq!(
+            dead(charger.decide(Some(""), ALICE_1000).await),
+            "no message_id"
+        );
+        assert!(dead(charger.decide(Some("m-1"), b"not json").await).starts_with("malformed body"));
+        assert!(matches!(
+            charger.decide(Some("m-1"), ALICE_1000).await,
+            Verdict::Ack { .. }
+        ));
+        let other = br#"{"user": "alice", "amount": 2000, "currency": "KRW"}"#;
+        assert!(dead(charger.decide(Some("m-1"), other).await).starts_with("mismatch"));
+        assert_eq!(
+            charger.card.charges("alice").await.expect("charges").len(),
+            1
+        );
+    }
 }
