@@ -518,6 +518,44 @@ async fn poison_is_dead_lettered_once(stores: Stores) {
     Effects::of(&client, &http, &user).await.assert_each_once(8);
 }
 
+/// `SIGTERM` while a full prefetch of messages is at the (slow) card network: the consumer takes no
+/// more, finishes and acks those it has, and exits 0; the rest waits in the queue, uncharged.
+#[tokio::test]
+#[cfg_attr(skip_amqp, ignore = "needs RabbitMQ, skipped by IDEM_TEST_SKIP")]
+async fn sigterm_finishes_and_acks_the_messages_in_progress() {
+    const MESSAGES: usize = 20;
+    let in_hand = usize::from(payments::consumer::PREFETCH);
+    let stores = Stores::sqlite().await;
+    let broker = Broker::new().await;
+    let (client, user) = (crate::support::client(), fresh_user());
+    let http = stores.start(&[]);
+    for i in 0..MESSAGES {
+        broker
+            .publish(Some(&message_id(i)), &message(&user, i))
+            .await;
+    }
+    let mut consumer = Consumer::start(&stores, &broker.queue, &[("PAYMENT_LATENCY_MS", "4000")]);
+    // The network records a charge as the call arrives, and answers 4 s later.
+    crate::support::until_charged(&client, &http, &user, in_hand).await;
+    assert_eq!(
+        payment_count(&client, &http, &user).await,
+        0,
+        "still at the network"
+    );
+    consumer.stop().await;
+    let effects = Effects::of(&client, &http, &user).await;
+    assert_eq!(effects.charges.len(), in_hand, "{effects:?}");
+    assert_eq!(
+        effects.payments.len(),
+        in_hand,
+        "each finished: {effects:?}"
+    );
+    assert!(effects.charges.values().all(|c| c == &[1]));
+    // Those it had were acked; the others were never delivered, and wait.
+    assert_eq!(broker.ready().await as usize, MESSAGES - in_hand);
+    assert_eq!(consumer.settled("charged"), in_hand);
+}
+
 /// The four scenarios on one store mode, each a test of its own.
 macro_rules! on_store {
     ($store:ident, $constructor:ident $(, $cfg:meta)?) => {
