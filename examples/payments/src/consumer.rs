@@ -269,17 +269,19 @@ impl Charger {
             Err(CallError::Once(OnceError::Rejected(Rejection::Expired { .. }))) => {
                 dead("expired: this message_id is past its ttl".to_owned())
             }
-            Err(e) if e.is_retryable() => {
-                // Still running elsewhere after the wait: the wait was the pause.
-                let pause = !matches!(
-                    e,
-                    CallError::Once(OnceError::Rejected(Rejection::InFlight { .. }))
-                );
+            // Still running elsewhere after the wait: the wait was the pause.
+            Err(CallError::Once(OnceError::Rejected(Rejection::InFlight { .. }))) => {
                 Verdict::Requeue {
-                    reason: describe(&e),
-                    pause,
+                    reason: format!(
+                        "in flight: this message_id still runs elsewhere after {WAIT:?}"
+                    ),
+                    pause: false,
                 }
             }
+            Err(e) if e.is_retryable() => Verdict::Requeue {
+                reason: describe(&e),
+                pause: true,
+            },
             Err(e) => dead(describe(&e)),
         }
     }
@@ -314,13 +316,16 @@ impl Charger {
     }
 }
 
-/// A [`CallError`] in a line, its causes included.
+/// A [`CallError`] in a line, its causes included (each once: some say their cause themselves).
 fn describe(e: &CallError<sqlx::Error>) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text

@@ -154,8 +154,12 @@ impl Consumer {
 
     /// How many messages its log says it settled with `outcome` (`charged`, `replayed`).
     fn settled(&mut self, outcome: &str) -> usize {
-        let needle = format!("outcome={outcome}");
-        self.log().lines().filter(|l| l.contains(&needle)).count()
+        self.log_lines(&format!("outcome={outcome}"))
+    }
+
+    /// How many lines of its log contain `needle`.
+    fn log_lines(&mut self, needle: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(needle)).count()
     }
 }
 
@@ -554,6 +558,49 @@ async fn sigterm_finishes_and_acks_the_messages_in_progress() {
     // Those it had were acked; the others were never delivered, and wait.
     assert_eq!(broker.ready().await as usize, MESSAGES - in_hand);
     assert_eq!(consumer.settled("charged"), in_hand);
+}
+
+/// The idempotency store (Redis, through a proxy the test cuts) stops answering: every message is
+/// requeued and none charged, since none can be claimed; once the store is back each is charged
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(skip_redis, ignore = "needs Redis, skipped by IDEM_TEST_SKIP")]
+#[cfg_attr(skip_amqp, ignore = "needs RabbitMQ, skipped by IDEM_TEST_SKIP")]
+async fn a_store_outage_requeues_and_charges_nothing() {
+    const MESSAGES: usize = 5;
+    let stores = Stores::redis_records().await;
+    let records = stores.var("IDEM_STORE_URL").expect("records in Redis");
+    let (server, prefix) = records.split_once('?').expect("a key prefix");
+    let proxy = idem_tests::proxy::Proxy::redis(server).await;
+    let proxied = format!("{}?{prefix}", proxy.url());
+    let broker = Broker::new().await;
+    let (client, user) = (crate::support::client(), fresh_user());
+    let http = stores.start(&[]);
+    let mut consumer = Consumer::start(&stores, &broker.queue, &[("IDEM_STORE_URL", &proxied)]);
+    proxy.cut();
+    for i in 0..MESSAGES {
+        broker
+            .publish(Some(&message_id(i)), &message(&user, i))
+            .await;
+    }
+    until("each message requeued", SETTLE_BOUND, || {
+        let requeued = consumer.log_lines("message requeued");
+        async move { (requeued >= MESSAGES).then_some(()) }
+    })
+    .await;
+    let effects = Effects::of(&client, &http, &user).await;
+    assert!(
+        effects.charges.is_empty() && effects.payments.is_empty(),
+        "nothing charged without a claim: {effects:?}"
+    );
+    proxy.restore();
+    until_settled(&client, &http, &broker, &user, MESSAGES).await;
+    consumer.stop().await;
+    assert_eq!(broker.ready().await, 0);
+    assert_eq!(broker.dead().await, 0);
+    Effects::of(&client, &http, &user)
+        .await
+        .assert_each_once(MESSAGES);
 }
 
 /// The four scenarios on one store mode, each a test of its own.
