@@ -1,6 +1,7 @@
 //! The charge consumer (`charge-consumer`) against RabbitMQ: each message_id charged once and
 //! recorded once, however often it is published or delivered, whichever consumer gets it, and
-//! however often a consumer is killed; poison goes to `<queue>.dead` once, and the rest goes on.
+//! however often a consumer is killed; poison goes to `<queue>.dead` once, and the rest goes on; a
+//! store outage requeues without charging; `SIGTERM` finishes and acks what the consumer holds.
 //! Charges are counted at the card network and payments in the ledger, through the HTTP service on
 //! the same stores (`GET /charges`, `GET /payments`), on three record stores: SQLite and PostgreSQL
 //! (records in the ledger's database) and Redis (`IDEM_STORE_URL`, a SQLite ledger).
