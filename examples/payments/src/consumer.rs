@@ -208,8 +208,15 @@ pub enum Verdict {
 
 /// Why the consumer stopped other than by a stop signal.
 #[derive(Debug, thiserror::Error)]
-#[error("the broker connection failed: {0}")]
-pub struct ConsumeError(#[from] lapin::Error);
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The broker connection failed.
+    #[error("the broker connection failed: {0}")]
+    Connection(#[from] lapin::Error),
+    /// The broker ended the subscription (the queue was deleted, say).
+    #[error("the broker cancelled the subscription (was the queue deleted?)")]
+    Cancelled,
+}
 
 /// The part of the consumer that turns a delivery into a [`Verdict`]: the engine, the ledger and the
 /// card network.
@@ -428,7 +435,8 @@ impl ChargeConsumer {
 
     /// Consumes until `stop` resolves, then drains: cancels the subscription, finishes and acks the
     /// messages it was given, and closes the connection, within the shutdown grace period. An error
-    /// if the broker connection failed first.
+    /// if the broker connection failed, or the broker ended the subscription, first (the messages in
+    /// progress are finished then too, within the grace period).
     pub async fn run(self, stop: impl Future<Output = ()>) -> Result<(), ConsumeError> {
         let Self {
             charger,
@@ -469,11 +477,17 @@ impl ChargeConsumer {
                     }
                     Some(Err(e)) => {
                         tracing::error!(error = %e, "the broker connection failed");
-                        failed = Some(e);
+                        failed = Some(ConsumeError::Connection(e));
                         break;
                     }
-                    // Cancelled: by us (the drain) or by the broker (the queue deleted).
-                    None => break,
+                    // Cancelled: by us (the drain), or by the broker (the queue deleted, say).
+                    None => {
+                        if deadline.is_none() {
+                            tracing::error!("the broker cancelled the subscription");
+                            failed = Some(ConsumeError::Cancelled);
+                        }
+                        break;
+                    }
                 },
                 Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                     if let Err(e) = joined {
@@ -497,12 +511,12 @@ impl ChargeConsumer {
             tracing::warn!(left = tasks.len(), "messages still running at the end of the shutdown grace period; the broker delivers them again, and their keys are taken over once their lease runs out");
             tasks.shutdown().await;
         }
-        if failed.is_none() {
+        if connection.status().connected() {
             let _ = connection.close(200, "charge-consumer stopping").await;
         }
         tracing::info!(%queue, "stopped");
         match failed {
-            Some(e) => Err(ConsumeError(e)),
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
