@@ -6,7 +6,7 @@
 //! payment of that user, charged through the card network, in the same ledger the HTTP service
 //! serves (`GET /payments`, `GET /charges`). The work runs under [`Engine::once`]:
 //!
-//! - **Record.** Scope `charge:<user>` (the user's, in a namespace of its own: an HTTP record's
+//! - **Record.** Scope `charges:<user>` (the user's, in a namespace of its own: an HTTP record's
 //!   scope is the bare user id, so an `Idempotency-Key` never meets a `message_id`), key the
 //!   `message_id`, fingerprint the request (user, amount, currency). The stored output is the
 //!   payment's and the charge's ids ([`Charged`]).
@@ -85,7 +85,7 @@ pub const DEAD_REASON_HEADER: &str = "x-dead-reason";
 /// The scope of a message's record: the user's, in the consumer's namespace (`:` is not in a user
 /// id, which is the whole scope of the HTTP service's records).
 pub fn record_scope(user: &str) -> String {
-    format!("charge:{user}")
+    format!("charges:{user}")
 }
 
 /// The largest amount taken, as `POST /payments` takes it.
@@ -650,7 +650,7 @@ mod tests {
 
     #[test]
     fn a_record_scope_is_never_an_http_scope() {
-        assert_eq!(record_scope("alice"), "charge:alice");
+        assert_eq!(record_scope("alice"), "charges:alice");
         assert!(!crate::auth::is_user_id(&record_scope("alice")));
     }
 
