@@ -1,11 +1,12 @@
 //! Where the shared services are, and what a test does when one is not there.
 //!
-//! Tests read `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL` and `IDEM_TEST_REDIS_URL`, defaulting to the local services
+//! Tests read `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`, `IDEM_TEST_REDIS_URL` and
+//! `IDEM_TEST_AMQP_URL` (RabbitMQ), defaulting to the local services
 //! the development and CI machines run. The Redis Cluster is `IDEM_TEST_REDIS_CLUSTER_URL` if set;
 //! otherwise each test binary starts one of its own from the same `redis-server`, on free ports, and
 //! stops it when it exits (see [`crate::local_cluster`]). A test whose service is unreachable (or
 //! whose cluster cannot be started) fails, saying how to start it. To run without a service, name it in `IDEM_TEST_SKIP`
-//! (`postgres`, `mysql`, `redis`, `redis-cluster`): the
+//! (`postgres`, `mysql`, `redis`, `redis-cluster`, `amqp`): the
 //! tests that need it are then ignored, with the reason, and counted as such in `cargo test`'s
 //! summary (see `tests/build.rs`); under `CI=true` nothing is skipped.
 //!
@@ -33,6 +34,46 @@ pub fn mysql_url() -> String {
 /// The Redis URL for tests.
 pub fn redis_url() -> String {
     std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The RabbitMQ (AMQP 0-9-1) URL for tests, with its vhost (`%2f`: `/`).
+pub fn amqp_url() -> String {
+    std::env::var("IDEM_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// [`amqp_url`], once its broker accepts connections: fails the test, saying how to start the
+/// broker, if it does not (a TCP connection to its host and port; the test's own AMQP client
+/// reports anything past that).
+pub async fn amqp_broker() -> String {
+    let url = amqp_url();
+    let Some(address) = amqp_address(&url) else {
+        AMQP.unreachable(&url, &"not an amqp://user:password@host:port/vhost URL");
+    };
+    let connect = tokio::net::TcpStream::connect(address.as_str());
+    match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(_)) => url,
+        Ok(Err(e)) => AMQP.unreachable(&url, &e),
+        Err(_) => AMQP.unreachable(&url, &"no answer within 5 s"),
+    }
+}
+
+/// The `host:port` of an `amqp://` or `amqps://` URL (ports 5672 and 5671 by default).
+fn amqp_address(url: &str) -> Option<String> {
+    let (rest, default_port) = match url.split_once("://")? {
+        ("amqp", rest) => (rest, 5672),
+        ("amqps", rest) => (rest, 5671),
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    match host_port.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() => {
+            Some(format!("{host}:{}", port.parse::<u16>().ok()?))
+        }
+        _ if !host_port.is_empty() => Some(format!("{host_port}:{default_port}")),
+        _ => None,
+    }
 }
 
 /// The Redis Cluster for tests, `redis-cluster://host:port[,host:port…]` (seed nodes; the form
@@ -96,6 +137,13 @@ const REDIS: Service = Service {
     url_var: "IDEM_TEST_REDIS_URL",
     start: r#"redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no"#,
     skip: "redis",
+};
+
+const AMQP: Service = Service {
+    name: "RabbitMQ",
+    url_var: "IDEM_TEST_AMQP_URL",
+    start: "service rabbitmq-server start",
+    skip: "amqp",
 };
 
 const REDIS_CLUSTER: Service = Service {

@@ -40,6 +40,17 @@
 //!   retention), `Idempotency-Replayed` and `Idempotency-Expires`, and idem's problem responses.
 //! - **Stopping.** SIGTERM or Ctrl-C: no new connections, the requests in progress answered, the
 //!   payments still running finished and stored, exit 0, within `SHUTDOWN_GRACE_MS`.
+//! - **Charge consumer.** `cargo run -p payments --bin charge-consumer`: the same payments, requested
+//!   as RabbitMQ messages. `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
+//!   `CHARGE_QUEUE` (default `charges`, declared durable if missing), `CHARGE_LEASE_MS` (10000),
+//!   and the variables above for the ledger, the records and the card network. A message's body is
+//!   `{"user": "<id>", "amount": 1000, "currency": "KRW"}` and its AMQP `message_id` its idempotency
+//!   key (scoped to the user, apart from HTTP keys): one payment and one charge per `message_id`,
+//!   acked once its outcome is stored; requeued while it runs elsewhere or a store is down;
+//!   dead-lettered to `<queue>.dead` (reason in `x-dead-reason`) without a `message_id`, with a bad
+//!   body, or with a `message_id` used for another body or expired. Prints `charge-consumer ready`
+//!   once it consumes; SIGTERM or Ctrl-C drains: no new messages, those in progress finished and
+//!   acked, exit 0 within `SHUTDOWN_GRACE_MS`. See [`consumer`].
 //!
 //! A replay is the request's result, not the resource's current state: replaying the create after a
 //! refund still answers 201 with its `Location`, and `GET` on that `Location` shows `"refunded"`.
@@ -53,6 +64,7 @@
 mod api;
 pub mod auth;
 pub mod card;
+pub mod consumer;
 pub mod ledger;
 pub mod metrics;
 mod problem;
@@ -177,6 +189,10 @@ pub enum StartError {
     /// The listener could not be bound, or serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// The charge consumer could not connect to the broker (`AMQP_URL`), or declare or consume its
+    /// queue.
+    #[error("{0}")]
+    Broker(String),
 }
 
 /// The router state. Deriving `FromRef` hands each handler its part: the idempotent handlers take
@@ -461,7 +477,7 @@ impl Server {
 }
 
 /// Resolves on SIGTERM (what a deploy sends) or Ctrl-C.
-async fn stop_signal() {
+pub async fn stop_signal() {
     #[cfg(unix)]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

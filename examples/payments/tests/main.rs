@@ -6,6 +6,7 @@ mod support;
 
 mod client_hangs_up;
 mod concurrent_payments;
+mod consumer;
 mod contract;
 mod hang_up_after_send;
 mod hostile_network;
