@@ -158,8 +158,8 @@ async fn services() -> String {
         None => "no MySQL".into(),
     };
     format!(
-        "{postgres} (durable commits), {mysql} (InnoDB, durable commits), {redis}, SQLite in WAL \
-         mode with `synchronous=NORMAL`"
+        "{postgres} (durable commits), {mysql} (the MySQL store's server; InnoDB, durable \
+         commits), {redis}, SQLite in WAL mode with `synchronous=NORMAL`"
     )
 }
 
@@ -167,7 +167,7 @@ async fn services() -> String {
 fn mysql_version(version: &str) -> String {
     let number = version.split('-').next().unwrap_or(version);
     if version.contains("MariaDB") {
-        format!("MariaDB {number} (the MySQL store's server)")
+        format!("MariaDB {number}")
     } else {
         format!("MySQL {number}")
     }
