@@ -172,3 +172,16 @@ fn mysql_version(version: &str) -> String {
         format!("MySQL {number}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The machine line names the server the MySQL store ran on, without the distribution's suffix.
+    #[test]
+    fn mysql_versions_name_their_server() {
+        assert_eq!(
+            super::mysql_version("10.11.19-MariaDB-0+deb12u1"),
+            "MariaDB 10.11.19"
+        );
+        assert_eq!(super::mysql_version("8.4.3"), "MySQL 8.4.3");
+    }
+}

@@ -263,3 +263,29 @@ pub(crate) async fn handles(sqlite_name: &str) -> Vec<(Backend, Handle)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counting proxy must reach the same database as the same user: only the address moves.
+    #[test]
+    fn via_replaces_only_the_address() {
+        let proxy: SocketAddr = "127.0.0.1:40000".parse().expect("an address");
+        assert_eq!(
+            via("mysql://root@127.0.0.1:3306/idem_bench", proxy),
+            "mysql://root@127.0.0.1:40000/idem_bench"
+        );
+        assert_eq!(
+            via(
+                "mysql://app:secret@db.internal:3306/app?ssl-mode=disabled",
+                proxy
+            ),
+            "mysql://app:secret@127.0.0.1:40000/app?ssl-mode=disabled"
+        );
+        assert_eq!(
+            via("redis://127.0.0.1:6379", proxy),
+            "redis://127.0.0.1:40000"
+        );
+    }
+}
