@@ -202,7 +202,8 @@ async fn loads(t: &Target, run_id: u64, c: usize) -> Vec<((Path, bool), Box<dyn 
         t.engine.clone(),
     );
     let fn_scope: Arc<str> = format!("function-{run_id}").into();
-    let engine_scope: Arc<str> = format!("engine-{run_id}").into();
+    // Not the store-level section's `engine-{run_id}`: in `all` it ran before on the same stores.
+    let engine_scope: Arc<str> = format!("function-engine-{run_id}").into();
     let mut loads: Vec<((Path, bool), Box<dyn Sliced>)> = vec![
         (
             (Path::Function, false),
