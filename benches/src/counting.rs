@@ -75,11 +75,10 @@ impl Store for CountingStore {
 /// What the proxy saw.
 #[derive(Debug, Default)]
 pub(crate) struct Wire {
-    /// Client sends that follow a server reply (or open a connection), excluding lone PostgreSQL
-    /// `Sync` messages.
+    /// Client sends that follow a server reply (or open a connection), excluding pool pings.
     round_trips: AtomicU64,
-    /// PostgreSQL: writes that are a lone `Sync` (sqlx pings each connection as it returns to
-    /// the pool, off the request's path).
+    /// PostgreSQL and MySQL: writes that are a pool ping ([`Protocol::is_ping`]: sqlx pings each
+    /// connection as it returns to the pool, off the request's path).
     pings: AtomicU64,
 }
 
@@ -114,8 +113,28 @@ impl Wire {
     }
 }
 
-/// A TCP proxy to `upstream` on an ephemeral port; with `postgres`, a lone `Sync` is a pool ping.
-pub(crate) async fn proxy(upstream: SocketAddr, postgres: bool) -> (SocketAddr, Arc<Wire>) {
+/// What the proxy carries: it tells the pool's pings apart from requests on the SQL protocols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    Postgres,
+    Mysql,
+    Redis,
+}
+
+impl Protocol {
+    /// Whether a client's write is one of sqlx's pings of a connection as it returns to the pool: a
+    /// lone `Sync` on PostgreSQL, a lone `COM_PING` packet on MySQL.
+    fn is_ping(self, chunk: &[u8]) -> bool {
+        match self {
+            Protocol::Postgres => chunk == [b'S', 0, 0, 0, 4],
+            Protocol::Mysql => chunk == [1, 0, 0, 0, 0x0e],
+            Protocol::Redis => false,
+        }
+    }
+}
+
+/// A TCP proxy to `upstream` on an ephemeral port, counting round trips and pool pings.
+pub(crate) async fn proxy(upstream: SocketAddr, protocol: Protocol) -> (SocketAddr, Arc<Wire>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
     let addr = listener.local_addr().expect("proxy addr");
     let wire = Arc::new(Wire::default());
@@ -127,13 +146,13 @@ pub(crate) async fn proxy(upstream: SocketAddr, postgres: bool) -> (SocketAddr, 
             };
             let _ = client.set_nodelay(true);
             let _ = server.set_nodelay(true);
-            tokio::spawn(pipe(client, server, w.clone(), postgres));
+            tokio::spawn(pipe(client, server, w.clone(), protocol));
         }
     });
     (addr, wire)
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: bool) {
+async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, protocol: Protocol) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let awaiting = Arc::new(AtomicBool::new(false));
@@ -146,8 +165,7 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Arc<Wire>, postgres: b
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
-            let lone_sync = postgres && chunk == [b'S', 0, 0, 0, 4];
-            if lone_sync {
+            if protocol.is_ping(chunk) {
                 wire.pings.fetch_add(1, Relaxed);
             } else if !a.swap(true, Relaxed) {
                 wire.round_trips.fetch_add(1, Relaxed);

@@ -1,6 +1,6 @@
 //! Each store's floor: the claim and complete of a new request, and the read of a replay, issued
-//! directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table, raw Redis
-//! commands), beside the same operations through idem's engine (no HTTP). Every floor's completion
+//! directly (a `Mutex<HashMap>`, raw sqlx statements on the store's own pool and table for SQLite,
+//! PostgreSQL and MySQL, raw Redis commands), beside the same operations through idem's engine (no HTTP). Every floor's completion
 //! is fenced, as idem's is: it stores the response only if the record is still the claim's own
 //! in-flight record (the token compared under the map's lock, in the SQL `WHERE`, or by a Redis
 //! script, since Redis 7.0 has no conditional `SET` on a value).
@@ -186,6 +186,7 @@ pub(crate) enum Floor {
     Memory(Arc<MemoryMap>),
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
+    Mysql(sqlx::MySqlPool),
     Redis(redis::aio::ConnectionManager),
 }
 
@@ -236,6 +237,7 @@ impl Floor {
             Handle::Memory(_) => Floor::Memory(Arc::default()),
             Handle::Sqlite(s) => Floor::Sqlite(s.pool().clone()),
             Handle::Postgres(s) => Floor::Postgres(s.pool().clone()),
+            Handle::Mysql(s) => Floor::Mysql(s.pool().clone()),
             Handle::Redis(_, c) => Floor::Redis(c.clone()),
         }
     }
@@ -301,6 +303,36 @@ impl Floor {
                 .bind(token)
                 .bind(HEADERS_JSON)
                 .bind(&body[..])
+                .execute(pool)
+                .await
+                .is_ok_and(|r| r.rows_affected() == 1)
+            }
+            Floor::Mysql(pool) => {
+                // A plain insert: a duplicate key is an error, so nothing is claimed twice.
+                let claimed = sqlx::query(
+                    "INSERT INTO idem_records (scope, `key`, fingerprint, token, created_at, expires_at, retain_until, state, lease_until)
+                     VALUES ('floor', ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
+                )
+                .bind(key)
+                .bind(&fp[..])
+                .bind(token)
+                .bind(now)
+                .bind(now + 86_400_000)
+                .bind(now + 86_400_000)
+                .bind(now)
+                .execute(pool)
+                .await;
+                if !matches!(claimed, Ok(r) if r.rows_affected() == 1) {
+                    return false;
+                }
+                sqlx::query(
+                    "UPDATE idem_records SET state = 'completed', lease_until = NULL, status = 201, headers = ?, body = ?
+                     WHERE scope = 'floor' AND `key` = ? AND token = ? AND state = 'in_flight'",
+                )
+                .bind(HEADERS_JSON)
+                .bind(&body[..])
+                .bind(key)
+                .bind(token)
                 .execute(pool)
                 .await
                 .is_ok_and(|r| r.rows_affected() == 1)
@@ -410,6 +442,27 @@ impl Floor {
             .ok()
             .flatten()
             .is_some_and(|row| replayed(&row, [0, 1, 2, 3])),
+            // The headers read as bytes, as the store reads its text columns.
+            Floor::Mysql(pool) => sqlx::query(
+                "SELECT fingerprint, status, headers, body FROM idem_records WHERE scope = 'floor' AND `key` = ?",
+            )
+            .bind(key)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|row| {
+                let (Ok(fp), Ok(status), Ok(headers), Ok(body)) = (
+                    row.try_get::<&[u8], _>(0),
+                    row.try_get::<i32, _>(1),
+                    row.try_get::<&[u8], _>(2),
+                    row.try_get::<&[u8], _>(3),
+                ) else {
+                    return false;
+                };
+                let headers = std::str::from_utf8(headers).unwrap_or("");
+                replays(fp, status as u16, headers, body)
+            }),
             Floor::Redis(conn) => {
                 let mut conn = conn.clone();
                 redis::cmd("GET")

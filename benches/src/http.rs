@@ -164,7 +164,7 @@ async fn login<S: SessionStore>(session: Session<S>) -> Response {
 
 /// `/plain` and `/idem`: the handler without and with `#[idempotent]` on `engine`; `/floor` and
 /// `/floor-fingerprinted`: with a record kept by hand ([`by_hand`], [`by_hand_fingerprinted`]).
-fn idem_router(engine: Engine) -> Router {
+pub(crate) fn idem_router(engine: Engine) -> Router {
     Router::new()
         .route("/plain", post(plain))
         .route("/idem", post(annotated))
@@ -200,7 +200,7 @@ fn peer_router<S: SessionStore + 'static>(store: Arc<S>) -> Router {
 }
 
 /// Serves `router` on an ephemeral 127.0.0.1 port for as long as the process runs.
-async fn serve(router: Router) -> Result<SocketAddr, String> {
+pub(crate) async fn serve(router: Router) -> Result<SocketAddr, String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("bind: {e}"))?;

@@ -1,10 +1,11 @@
 //! Writes `BENCHMARKS.md` in one run: `cargo run --release --manifest-path benches/Cargo.toml -- all > BENCHMARKS.md`.
 //!
-//! Sections run alone too: `http`, `store`, `roundtrips`, `cluster`. Settings: `IDEM_BENCH_SECS`
+//! Sections run alone too: `http`, `store`, `function`, `roundtrips`, `cluster`. Settings: `IDEM_BENCH_SECS`
 //! (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (interleaved rounds, 5),
-//! `IDEM_BENCH_STORES` (comma-separated `memory`, `sqlite`, `postgres`, `redis`; default all),
-//! `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`; database `idem_bench` is
-//! created), `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed) and
+//! `IDEM_BENCH_STORES` (comma-separated `memory`, `sqlite`, `postgres`, `mysql`, `redis`; default
+//! all), `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`; database `idem_bench` is
+//! created), `IDEM_BENCH_MYSQL_URL` (`mysql://root@127.0.0.1:3306/idem_bench`, created if missing,
+//! emptied), `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed) and
 //! `IDEM_BENCH_REDIS_CLUSTER_URL` (see `cluster.rs`). Progress goes to stderr, the report to stdout.
 //!
 //! `before-after BEFORE AFTER LABEL` (two `host:port`) is the load side of
@@ -15,6 +16,7 @@ mod before_after;
 mod cluster;
 mod counting;
 mod floors;
+mod function;
 mod http;
 mod load;
 mod report;
@@ -22,10 +24,11 @@ mod roundtrips;
 mod store_level;
 mod stores;
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "all",
     "http",
     "store",
+    "function",
     "roundtrips",
     "cluster",
     "before-after",
@@ -82,7 +85,7 @@ async fn run(section: &str) {
         return;
     }
     let all = section == "all";
-    let stores = if all || ["http", "store"].contains(&section) {
+    let stores = if all || ["http", "store", "function"].contains(&section) {
         stores::handles("bench").await
     } else {
         Vec::new()
@@ -93,6 +96,9 @@ async fn run(section: &str) {
     }
     if all || section == "store" {
         store_level::run(&stores, &cfg).await;
+    }
+    if all || section == "function" {
+        function::run(&stores, &cfg).await;
     }
     if all || section == "roundtrips" {
         roundtrips::run().await;
@@ -141,5 +147,41 @@ async fn services() -> String {
         },
         Err(_) => "no Redis".into(),
     };
-    format!("{postgres} (durable commits), {redis}, SQLite in WAL mode with `synchronous=NORMAL`")
+    let mysql = match stores::mysql_url().rsplit_once('/') {
+        Some((server, _)) => match sqlx::MySqlPool::connect(server).await {
+            Ok(pool) => sqlx::query_scalar::<_, String>("SELECT VERSION()")
+                .fetch_one(&pool)
+                .await
+                .map_or_else(|_| "MySQL".into(), |v| mysql_version(&v)),
+            Err(_) => "no MySQL".into(),
+        },
+        None => "no MySQL".into(),
+    };
+    format!(
+        "{postgres} (durable commits), {mysql} (the MySQL store's server; InnoDB, durable \
+         commits), {redis}, SQLite in WAL mode with `synchronous=NORMAL`"
+    )
+}
+
+/// `10.11.19-MariaDB-0+deb12u1` as `MariaDB 10.11.19`, `8.4.3` as `MySQL 8.4.3`.
+fn mysql_version(version: &str) -> String {
+    let number = version.split('-').next().unwrap_or(version);
+    if version.contains("MariaDB") {
+        format!("MariaDB {number}")
+    } else {
+        format!("MySQL {number}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The machine line names the server the MySQL store ran on, without the distribution's suffix.
+    #[test]
+    fn mysql_versions_name_their_server() {
+        assert_eq!(
+            super::mysql_version("10.11.19-MariaDB-0+deb12u1"),
+            "MariaDB 10.11.19"
+        );
+        assert_eq!(super::mysql_version("8.4.3"), "MySQL 8.4.3");
+    }
 }

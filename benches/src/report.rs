@@ -71,20 +71,21 @@ pub(crate) fn intro(cfg: &Config, services: &str) -> String {
         "# Benchmarks
 
 What idempotency costs with idem: over HTTP beside the same handler without it and beside the
-peer crate axum-idempotent, at the store level against each store's own floor, and in store
-operations per request. Every table below comes from one run of
+peer crate axum-idempotent, at the store level against each store's own floor, as a function call
+(`Engine::once`) beside the engine's own path, and in store operations per request. Every table below comes from one run of
 
 ```sh
 cargo run --release --manifest-path benches/Cargo.toml -- all > BENCHMARKS.md
 ```
 
 with PostgreSQL at `postgres://postgres@127.0.0.1:5432` (the bench creates its own database
-`idem_bench`) and Redis at `redis://127.0.0.1:6379/7` (flushed); override them with
-`IDEM_BENCH_POSTGRES_URL` and `IDEM_BENCH_REDIS_URL`. The Redis Cluster section needs a cluster
+`idem_bench`), MySQL or MariaDB at `mysql://root@127.0.0.1:3306/idem_bench` (created if missing,
+emptied) and Redis at `redis://127.0.0.1:6379/7` (flushed); override them with
+`IDEM_BENCH_POSTGRES_URL`, `IDEM_BENCH_MYSQL_URL` and `IDEM_BENCH_REDIS_URL`. The Redis Cluster section needs a cluster
 (`.ci/redis-cluster start`, or `IDEM_BENCH_REDIS_CLUSTER_URL`) and is skipped without one.
 `IDEM_BENCH_SECS` sets the seconds per throughput cell and `IDEM_BENCH_ROUNDS` the interleaved
 rounds; `IDEM_BENCH_STORES=memory,redis` limits the stores. One section runs alone with `-- http`,
-`-- store`, `-- roundtrips` or `-- cluster`. `cargo bench --manifest-path benches/Cargo.toml --bench hot_path` runs the
+`-- store`, `-- function`, `-- roundtrips` or `-- cluster`. `cargo bench --manifest-path benches/Cargo.toml --bench hot_path` runs the
 criterion micro-benchmarks of the in-process path. The last section, before and after a change,
 comes from `benches/before-after/run <commit> >> BENCHMARKS.md`, which builds the same server from
 that commit and from HEAD and loads the two in turns.

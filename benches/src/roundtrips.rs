@@ -1,9 +1,9 @@
 //! Store operations per request: the calls idem's engine makes to each store (claim, complete,
-//! lease renewal, the rest), counted by a wrapping store, and for PostgreSQL and Redis the round
-//! trips on the wire, counted by a TCP proxy between the store and its server. New requests at 1
+//! lease renewal, the rest), counted by a wrapping store, and for PostgreSQL, MySQL and Redis the
+//! round trips on the wire, counted by a TCP proxy between the store and its server. New requests at 1
 //! and 16 concurrent connections, with a handler that returns at once and one that takes a second.
 
-use crate::counting::{self, Calls, CountingStore, Wire};
+use crate::counting::{self, Calls, CountingStore, Protocol, Wire};
 use crate::floors;
 use crate::stores::{self, Backend};
 use idem_runtime::policy::Policy;
@@ -41,13 +41,15 @@ fn socket(url: &str) -> Option<SocketAddr> {
 /// A store under count, and the proxy's counters if it is reached over the network.
 type Counted = (Backend, Arc<dyn Store>, Option<Arc<Wire>>);
 
-/// Each selected store; PostgreSQL and Redis reached through a proxy that counts round trips.
+/// Each selected store; PostgreSQL, MySQL and Redis reached through a proxy that counts round
+/// trips.
 async fn stores() -> Vec<Counted> {
     let mut out: Vec<Counted> = Vec::new();
     for backend in [
         Backend::Memory,
         Backend::Sqlite,
         Backend::Postgres,
+        Backend::Mysql,
         Backend::Redis,
     ] {
         if !stores::selected(backend) {
@@ -56,25 +58,26 @@ async fn stores() -> Vec<Counted> {
         let reached = match backend {
             Backend::Memory => Ok((Arc::new(MemoryStore::new()) as Arc<dyn Store>, None)),
             Backend::Sqlite => Ok((stores::sqlite("roundtrips").await as Arc<dyn Store>, None)),
-            Backend::Postgres | Backend::Redis => {
-                let postgres = backend == Backend::Postgres;
-                let url = if postgres {
-                    stores::postgres_base()
-                } else {
-                    stores::redis_url()
+            Backend::Postgres | Backend::Mysql | Backend::Redis => {
+                let (url, protocol) = match backend {
+                    Backend::Postgres => (stores::postgres_base(), Protocol::Postgres),
+                    Backend::Mysql => (stores::mysql_url(), Protocol::Mysql),
+                    _ => (stores::redis_url(), Protocol::Redis),
                 };
                 match socket(&url) {
                     None => Err(format!("cannot parse the address {url}")),
                     Some(upstream) => {
-                        let (addr, wire) = counting::proxy(upstream, postgres).await;
-                        let store = if postgres {
-                            stores::postgres(Some(addr))
+                        let (addr, wire) = counting::proxy(upstream, protocol).await;
+                        let store = match protocol {
+                            Protocol::Postgres => stores::postgres(Some(addr))
                                 .await
-                                .map(|s| s as Arc<dyn Store>)
-                        } else {
-                            stores::redis(Some(addr))
+                                .map(|s| s as Arc<dyn Store>),
+                            Protocol::Mysql => {
+                                stores::mysql(Some(addr)).await.map(|s| s as Arc<dyn Store>)
+                            }
+                            Protocol::Redis => stores::redis(Some(addr))
                                 .await
-                                .map(|(s, _)| s as Arc<dyn Store>)
+                                .map(|(s, _)| s as Arc<dyn Store>),
                         };
                         store.map(|s| (s, Some(wire)))
                     }
@@ -147,8 +150,8 @@ pub(crate) async fn run() {
     println!("## Store operations per request\n");
     println!(
         "What one new request costs each store: the calls idem's engine makes (claim, complete, \
-         lease renewal, any other), and on PostgreSQL and Redis the round trips on the wire, counted \
-         by a TCP proxy (a client send that follows a server reply). The lease is {} s, renewed \
+         lease renewal, any other), and on PostgreSQL, MySQL and Redis the round trips on the wire, \
+         counted by a TCP proxy (a client send that follows a server reply). The lease is {} s, renewed \
          every third of it while the handler runs, so a 1 s handler renews once. A replay is one \
          claim that finds the completed record: one call, one round trip.\n",
         LEASE.as_secs()
@@ -176,7 +179,7 @@ pub(crate) async fn run() {
             let round_trips = match (&wire, wa) {
                 (Some(w), Some(wa)) => {
                     let r = wa.per(&w.snapshot(), n.max(1));
-                    if backend == Backend::Postgres {
+                    if matches!(backend, Backend::Postgres | Backend::Mysql) {
                         format!("{:.2} (+ {:.2} pool pings)", r.round_trips, r.pings)
                     } else {
                         format!("{:.2}", r.round_trips)
@@ -196,8 +199,8 @@ pub(crate) async fn run() {
         }
     }
     println!(
-        "\nPostgreSQL's pool pings are sqlx's check of a connection as it returns to the pool, after \
-         the request's statement has answered: off the request's path. At 16 connections, Redis' \
+        "\nThe SQL stores' pool pings are sqlx's check of a connection as it returns to the pool, \
+         after the request's statement has answered: off the request's path. At 16 connections, Redis' \
          multiplexed connection pipelines the commands of concurrent requests into shared writes, \
          so the wire sees fewer round trips than commands.\n"
     );

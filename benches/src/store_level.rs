@@ -150,8 +150,10 @@ fn print(targets: &[(Backend, Engine, Floor)], cells: &Cells) {
          fenced completion written directly (a `Mutex<HashMap>` for memory, raw SQL on the store's \
          own pool and table, raw Redis commands); a replay is idem's lookup of a completed key, \
          against the floor's own read of it (on PostgreSQL and Redis, idem's claim statement, which \
-         answers a replay in the same round trip). \"Engine vs floor\" is what idem keeps of the \
-         floor; the memory store's target is {}.\n",
+         answers a replay in the same round trip). On MySQL and MariaDB both paths commit twice \
+         per new key, and idem's claim reads the key before it inserts (a third round trip, which \
+         answers a replay or a claim in flight without writing). \"Engine vs floor\" is what idem \
+         keeps of the floor; the memory store's target is {}.\n",
         pct(MEMORY_TARGET)
     );
     print!("| store, operation |");

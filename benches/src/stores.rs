@@ -1,20 +1,26 @@
 //! The stores under test: one per backend, each empty, and the services' addresses.
 
 use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::store::Store;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// The four backends.
+/// Whether the MySQL store's server is MariaDB (set when the bench reaches it).
+static MARIADB: AtomicBool = AtomicBool::new(false);
+
+/// The five backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
     Memory,
     Sqlite,
     Postgres,
+    Mysql,
     Redis,
 }
 
@@ -24,7 +30,21 @@ impl Backend {
             Backend::Memory => "memory",
             Backend::Sqlite => "SQLite",
             Backend::Postgres => "PostgreSQL",
+            // The store is the MySQL store either way; the name says which server it measured.
+            Backend::Mysql if MARIADB.load(Ordering::Relaxed) => "MariaDB",
+            Backend::Mysql => "MySQL",
             Backend::Redis => "Redis",
+        }
+    }
+
+    /// Its name in `IDEM_BENCH_STORES`.
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Redis => "redis",
         }
     }
 }
@@ -35,6 +55,7 @@ pub(crate) enum Handle {
     Memory(Arc<MemoryStore>),
     Sqlite(Arc<SqliteStore>),
     Postgres(Arc<PostgresStore>),
+    Mysql(Arc<MySqlStore>),
     Redis(Arc<RedisStore>, redis::aio::ConnectionManager),
 }
 
@@ -44,6 +65,7 @@ impl Handle {
             Handle::Memory(s) => s.clone(),
             Handle::Sqlite(s) => s.clone(),
             Handle::Postgres(s) => s.clone(),
+            Handle::Mysql(s) => s.clone(),
             Handle::Redis(s, _) => s.clone(),
         }
     }
@@ -53,6 +75,12 @@ impl Handle {
 pub(crate) fn postgres_base() -> String {
     std::env::var("IDEM_BENCH_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// The bench's MySQL or MariaDB database (created if missing, its tables emptied).
+pub(crate) fn mysql_url() -> String {
+    std::env::var("IDEM_BENCH_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/idem_bench".to_owned())
 }
 
 pub(crate) fn redis_url() -> String {
@@ -107,6 +135,66 @@ pub(crate) async fn postgres(via: Option<SocketAddr>) -> Result<Arc<PostgresStor
     Ok(Arc::new(store))
 }
 
+/// `url` with its `host:port` replaced by `addr` (the counting proxy), its user and path kept.
+pub(crate) fn via(url: &str, addr: SocketAddr) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (user, rest) = rest.rsplit_once('@').map_or(("", rest), |(u, r)| (u, r));
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    let at = if user.is_empty() { "" } else { "@" };
+    format!("{scheme}://{user}{at}{addr}{path}")
+}
+
+/// The MySQL store on the bench's database ([`mysql_url`]: created if missing; its records and
+/// wake-ups deleted). `via` replaces the host:port (the counting proxy).
+pub(crate) async fn mysql(via: Option<SocketAddr>) -> Result<Arc<MySqlStore>, String> {
+    let url = mysql_url();
+    let (server, database) = url
+        .rsplit_once('/')
+        .filter(|(server, db)| server.contains("://") && !db.is_empty())
+        .ok_or_else(|| format!("IDEM_BENCH_MYSQL_URL names no database: {url}"))?;
+    let database = database.split('?').next().unwrap_or(database);
+    if !database
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(format!(
+            "database name {database:?}: letters, digits and _ only"
+        ));
+    }
+    let admin = sqlx::MySqlPool::connect(server)
+        .await
+        .map_err(|e| format!("MySQL unreachable at {server}: {e}"))?;
+    sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS `{database}`"))
+        .execute(&admin)
+        .await
+        .map_err(|e| format!("CREATE DATABASE {database}: {e}"))?;
+    if let Ok(version) = sqlx::query_scalar::<_, String>("SELECT VERSION()")
+        .fetch_one(&admin)
+        .await
+    {
+        MARIADB.store(version.contains("MariaDB"), Ordering::Relaxed);
+    }
+    admin.close().await;
+    let url = match via {
+        Some(addr) => self::via(&url, addr),
+        None => url,
+    };
+    let store = MySqlStore::connect(&url)
+        .await
+        .map_err(|e| format!("MySqlStore::connect: {e}"))?;
+    if via.is_none() {
+        for table in ["idem_records", "idem_wakeups"] {
+            sqlx::query(&format!("TRUNCATE {table}"))
+                .execute(store.pool())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(Arc::new(store))
+}
+
 /// The Redis store on the bench's database (flushed), and a plain connection for floors and loads.
 pub(crate) async fn redis(
     via: Option<SocketAddr>,
@@ -133,21 +221,16 @@ pub(crate) async fn redis(
     Ok((Arc::new(store), conn))
 }
 
-/// Whether `IDEM_BENCH_STORES` (a comma-separated list of `memory`, `sqlite`, `postgres`, `redis`;
-/// unset or empty: all) selects `backend`.
+/// Whether `IDEM_BENCH_STORES` (a comma-separated list of `memory`, `sqlite`, `postgres`, `mysql`,
+/// `redis`; unset or empty: all) selects `backend`.
 pub(crate) fn selected(backend: Backend) -> bool {
     let list = std::env::var("IDEM_BENCH_STORES").unwrap_or_default();
-    let name = match backend {
-        Backend::Memory => "memory",
-        Backend::Sqlite => "sqlite",
-        Backend::Postgres => "postgres",
-        Backend::Redis => "redis",
-    };
+    let name = backend.id();
     list.trim().is_empty() || list.split(',').any(|s| s.trim().eq_ignore_ascii_case(name))
 }
 
 /// Every selected backend that can be reached, each empty: a new memory store, a new SQLite file
-/// `<sqlite>.db`, the bench's PostgreSQL table truncated, its Redis database flushed. The
+/// `<sqlite>.db`, the bench's PostgreSQL and MySQL tables truncated, its Redis database flushed. The
 /// unreachable ones are reported and skipped.
 pub(crate) async fn handles(sqlite_name: &str) -> Vec<(Backend, Handle)> {
     let mut out = Vec::new();
@@ -166,6 +249,12 @@ pub(crate) async fn handles(sqlite_name: &str) -> Vec<(Backend, Handle)> {
             Err(e) => eprintln!("skipping PostgreSQL: {e}"),
         }
     }
+    if selected(Backend::Mysql) {
+        match mysql(None).await {
+            Ok(s) => out.push((Backend::Mysql, Handle::Mysql(s))),
+            Err(e) => eprintln!("skipping MySQL: {e}"),
+        }
+    }
     if selected(Backend::Redis) {
         match redis(None).await {
             Ok((s, c)) => out.push((Backend::Redis, Handle::Redis(s, c))),
@@ -173,4 +262,30 @@ pub(crate) async fn handles(sqlite_name: &str) -> Vec<(Backend, Handle)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counting proxy must reach the same database as the same user: only the address moves.
+    #[test]
+    fn via_replaces_only_the_address() {
+        let proxy: SocketAddr = "127.0.0.1:40000".parse().expect("an address");
+        assert_eq!(
+            via("mysql://root@127.0.0.1:3306/idem_bench", proxy),
+            "mysql://root@127.0.0.1:40000/idem_bench"
+        );
+        assert_eq!(
+            via(
+                "mysql://app:secret@db.internal:3306/app?ssl-mode=disabled",
+                proxy
+            ),
+            "mysql://app:secret@127.0.0.1:40000/app?ssl-mode=disabled"
+        );
+        assert_eq!(
+            via("redis://127.0.0.1:6379", proxy),
+            "redis://127.0.0.1:40000"
+        );
+    }
 }
