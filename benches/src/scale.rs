@@ -13,11 +13,13 @@
 //! of 50 keys. New keys land at random places in the seeded scopes, and replays read random seeded
 //! records, so both meet the whole index. At `IDEM_SCALE_PURGE_AT` records (default 1,000,000, or
 //! the first size) `IDEM_SCALE_PURGE` records past retention (default 1,000,000; 0 skips) are
-//! added and purged while new keys arrive at half the engine's measured rate.
+//! added and purged while new keys arrive at half the engine's measured rate. First, the SQLite
+//! store's tail (`tails.rs`). `IDEM_SCALE_PARTS` (`stores,tails` by default) picks the parts.
 
 mod floor;
 mod purge;
 mod seed;
+mod tails;
 
 use crate::floors;
 use crate::load::{interleaved, Bounds, Ops, Sample, Sliced};
@@ -119,6 +121,13 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
         },
     );
     println!("{}", header(cfg, services, &sizes, purge_records, purge_at));
+    let parts = std::env::var("IDEM_SCALE_PARTS").unwrap_or_else(|_| "stores,tails".into());
+    if parts.split(',').any(|p| p.trim() == "tails") && stores::selected(Backend::Sqlite) {
+        print_tails(&tails::run(cfg).await);
+    }
+    if !parts.split(',').any(|p| p.trim() == "stores") {
+        return;
+    }
     let mut rows = Vec::new();
     let mut purges = Vec::new();
     let mut run_id = 0u64;
@@ -176,10 +185,26 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
         }
     }
     print(&rows, &purges, &sizes);
+    cleanup().await;
     println!(
         "This run took {:.0} minutes.\n",
         started.elapsed().as_secs_f64() / 60.0
     );
+}
+
+/// Frees what the loads took: the bench's PostgreSQL table and Redis database are emptied (the
+/// SQLite files go with the scratch directory).
+async fn cleanup() {
+    if let Ok(pool) =
+        sqlx::PgPool::connect(&format!("{}/idem_bench?sslmode=disable", stores::postgres_base())).await
+    {
+        let _ = sqlx::query("TRUNCATE idem.records").execute(&pool).await;
+    }
+    if let Ok(client) = redis::Client::open(stores::redis_url()) {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let _ = redis::cmd("FLUSHDB").query_async::<()>(&mut conn).await;
+        }
+    }
 }
 
 /// The store, empty, and the URL the loads reach it with.
@@ -516,6 +541,35 @@ fn count(n: u64) -> String {
     } else {
         n.to_string()
     }
+}
+
+fn print_tails(variants: &[Vec<Sample>]) {
+    println!("### SQLite new keys: the batching writer's tail\n");
+    println!(
+        "New keys through idem's engine at 16 concurrent operations on fresh SQLite files, no HTTP \
+         (median of the rounds; latencies over every round's operations): the store as it ships, \
+         the same store `unbatched`, and the batching store with its write-ahead log checkpointed \
+         off the writer's path (`wal_autocheckpoint = 0` on its connections, a passive checkpoint \
+         every 50 ms from the pool).\n"
+    );
+    println!("| store | ops/s | vs the default | p50 | p99 | p99.9 | p99 ÷ p50 | errors |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let base = variants.first().map_or(0.0, |v| throughput(v));
+    for (name, samples) in tails::VARIANTS.iter().zip(variants) {
+        let all = pooled(samples);
+        let (p50, p99) = (all.quantile(0.5), all.quantile(0.99));
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {:.1} | {} |",
+            rate(throughput(samples)),
+            pct(throughput(samples) / base.max(1e-9)),
+            dur(p50),
+            dur(p99),
+            dur(all.quantile(0.999)),
+            p99.as_secs_f64() / p50.as_secs_f64().max(1e-9),
+            all.errors
+        );
+    }
+    println!();
 }
 
 /// Every round's latencies together, sorted.
