@@ -169,7 +169,16 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
             });
             if size == purge_at && purge_records > 0 {
                 run_id += 1;
-                match purge(&handle, &url, &engine, purge_records, capacity / 2.0, run_id).await {
+                match purge(
+                    &handle,
+                    &url,
+                    &engine,
+                    purge_records,
+                    capacity / 2.0,
+                    run_id,
+                )
+                .await
+                {
                     Ok((seed_took, quiet, purged)) => purges.push(PurgeRow {
                         backend,
                         size,
@@ -195,8 +204,11 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
 /// Frees what the loads took: the bench's PostgreSQL table and Redis database are emptied (the
 /// SQLite files go with the scratch directory).
 async fn cleanup() {
-    if let Ok(pool) =
-        sqlx::PgPool::connect(&format!("{}/idem_bench?sslmode=disable", stores::postgres_base())).await
+    if let Ok(pool) = sqlx::PgPool::connect(&format!(
+        "{}/idem_bench?sslmode=disable",
+        stores::postgres_base()
+    ))
+    .await
     {
         let _ = sqlx::query("TRUNCATE idem.records").execute(&pool).await;
     }
@@ -313,9 +325,7 @@ fn loads(
             Box::new(Ops::new(CONCURRENCY, move |_, n| {
                 let e = e2.clone();
                 let i = seed::completed(n ^ salt, seeded);
-                async move {
-                    floors::engine_replay(&e, &seed::scope(Set::Live, i), seed::key(i)).await
-                }
+                async move { floors::engine_replay(&e, &seed::scope(Set::Live, i), seed::key(i)).await }
             })),
         ),
         (
@@ -352,8 +362,12 @@ async fn duplicates(engine: &Engine, run_id: u64) -> Duplicates {
         let barrier = Arc::new(tokio::sync::Barrier::new(DUPLICATES));
         let mut tasks = Vec::new();
         for _ in 0..DUPLICATES {
-            let (engine, key, completed, barrier) =
-                (engine.clone(), key.clone(), completed.clone(), barrier.clone());
+            let (engine, key, completed, barrier) = (
+                engine.clone(),
+                key.clone(),
+                completed.clone(),
+                barrier.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
                 match engine
@@ -417,12 +431,14 @@ async fn purge(
             let quiet = purge::quiet(engine, rate, QUIET_SECS, format!("q{run_id}")).await;
             let wait = due - now_ms();
             if wait < 0 {
-                eprintln!("purge: the records' retention ended {} ms before the purge's measurement", -wait);
+                eprintln!(
+                    "purge: the records' retention ended {} ms before the purge's measurement",
+                    -wait
+                );
             }
             tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
             eprintln!("purge: expiring {records} records under load");
-            let base = base
-                + quiet.ok;
+            let base = base + quiet.ok;
             let c = conn.clone();
             let purged = purge::expire_redis(
                 engine,
@@ -465,7 +481,10 @@ fn now_ms() -> i64 {
 
 async fn dbsize(conn: &redis::aio::ConnectionManager) -> Option<u64> {
     let mut conn = conn.clone();
-    redis::cmd("DBSIZE").query_async::<u64>(&mut conn).await.ok()
+    redis::cmd("DBSIZE")
+        .query_async::<u64>(&mut conn)
+        .await
+        .ok()
 }
 
 impl Handle {
@@ -481,7 +500,13 @@ impl Handle {
 }
 
 /// The section's opening: what it measures, how to run it, the machine and the date.
-fn header(cfg: &Config, services: &str, sizes: &[u64], purge_records: u64, purge_at: u64) -> String {
+fn header(
+    cfg: &Config,
+    services: &str,
+    sizes: &[u64],
+    purge_records: u64,
+    purge_at: u64,
+) -> String {
     let sizes: Vec<String> = sizes.iter().map(|s| count(*s)).collect();
     format!(
         "## At scale
@@ -547,10 +572,8 @@ fn print_tails(variants: &[Vec<Sample>]) {
     println!("### SQLite new keys: the batching writer's tail\n");
     println!(
         "New keys through idem's engine at 16 concurrent operations on fresh SQLite files, no HTTP \
-         (median of the rounds; latencies over every round's operations): the store as it ships, \
-         the same store `unbatched`, and the batching store with its write-ahead log checkpointed \
-         off the writer's path (`wal_autocheckpoint = 0` on its connections, a passive checkpoint \
-         every 50 ms from the pool).\n"
+         (median of the rounds; latencies over every round's operations): the store as it ships \
+         beside the same store `unbatched`.\n"
     );
     println!("| store | ops/s | vs the default | p50 | p99 | p99.9 | p99 ÷ p50 | errors |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -623,7 +646,11 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
             (|c: &Cells| &c.floor_new) as fn(&Cells) -> &Vec<Sample>,
             (|c: &Cells| &c.engine_new) as fn(&Cells) -> &Vec<Sample>,
         ),
-        ("replay", |c: &Cells| &c.floor_replay, |c: &Cells| &c.engine_replay),
+        (
+            "replay",
+            |c: &Cells| &c.floor_replay,
+            |c: &Cells| &c.engine_replay,
+        ),
     ] {
         for backend in [Backend::Sqlite, Backend::Postgres, Backend::Redis] {
             let store_rows: Vec<&Row> = rows.iter().filter(|r| r.backend == backend).collect();

@@ -26,7 +26,8 @@ pub(crate) async fn paced(
     let interval = Duration::from_secs_f64(workers as f64 / rate.max(1.0));
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (engine, prefix, stop, done) = (engine.clone(), prefix.clone(), stop.clone(), done.clone());
+        let (engine, prefix, stop, done) =
+            (engine.clone(), prefix.clone(), stop.clone(), done.clone());
         // Workers start staggered across one interval, so the requests are evenly spaced.
         let offset = interval.mul_f64(w as f64 / workers as f64);
         tasks.push(tokio::spawn(async move {

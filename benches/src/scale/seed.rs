@@ -173,7 +173,12 @@ pub(crate) async fn sqlite(url: &str, set: Set, from: u64, to: u64) -> Result<()
 /// Writes records `from..to` of `set` into `idem.records` with server-side `INSERT … SELECT`s
 /// (`synchronous_commit = off` for the load's session alone), then `VACUUM ANALYZE`s the table so
 /// that autovacuum does not start in the middle of a measurement.
-pub(crate) async fn postgres(pool: &sqlx::PgPool, set: Set, from: u64, to: u64) -> Result<(), String> {
+pub(crate) async fn postgres(
+    pool: &sqlx::PgPool,
+    set: Set,
+    from: u64,
+    to: u64,
+) -> Result<(), String> {
     let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
     sqlx::query("SET synchronous_commit = off")
         .execute(&mut *conn)
