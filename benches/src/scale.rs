@@ -17,6 +17,7 @@
 //! store's tail (`tails.rs`). `IDEM_SCALE_PARTS` (`stores,tails` by default) picks the parts.
 
 mod floor;
+mod instances;
 mod purge;
 mod seed;
 mod tails;
@@ -120,8 +121,12 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
             sizes[0]
         },
     );
-    println!("{}", header(cfg, services, &sizes, purge_records, purge_at));
     let parts = std::env::var("IDEM_SCALE_PARTS").unwrap_or_else(|_| "stores,tails".into());
+    if parts.trim() == "instances" {
+        instances::run(cfg).await;
+        return;
+    }
+    println!("{}", header(cfg, services, &sizes, purge_records, purge_at));
     if parts.split(',').any(|p| p.trim() == "tails") && stores::selected(Backend::Sqlite) {
         print_tails(&tails::run(cfg).await);
     }
