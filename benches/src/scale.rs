@@ -640,9 +640,9 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
          more. Size 0 holds the replays' {MIN_SEEDED} records.\n"
     );
     println!(
-        "| store, cell | records | floor, ops/s | floor p50 / p99 / p99.9 | idem, ops/s | idem p50 / p99 / p99.9 | idem vs floor | floor keeps | idem keeps | goal |"
+        "| store, cell | records | floor, ops/s | floor p50 / p99 / p99.9 | idem, ops/s | idem p50 / p99 / p99.9 | idem vs floor | floor keeps | idem keeps | goal | failed: floor, idem |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let largest = *sizes.last().unwrap_or(&0);
     let mut verdicts = Vec::new();
     for (label, floor_of, engine_of) in [
@@ -685,8 +685,9 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
                 } else {
                     String::new()
                 };
+                let failed = |v: &[Sample]| v.iter().map(|s| s.errors).sum::<u64>();
                 println!(
-                    "| {}, {label} | {} | {} | {} | {} | {} | {} | {} | {} | {goal} |",
+                    "| {}, {label} | {} | {} | {} | {} | {} | {} | {} | {} | {goal} | {}, {} |",
                     backend.name(),
                     count(row.size),
                     rate(f),
@@ -696,6 +697,8 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
                     pct(e / f.max(1e-9)),
                     pct(fk),
                     pct(ek),
+                    failed(fs),
+                    failed(es),
                 );
             }
         }
