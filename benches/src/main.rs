@@ -1,6 +1,7 @@
 //! Writes `BENCHMARKS.md` in one run: `cargo run --release --manifest-path benches/Cargo.toml -- all > BENCHMARKS.md`.
 //!
-//! Sections run alone too: `http`, `store`, `function`, `roundtrips`, `cluster`. Settings: `IDEM_BENCH_SECS`
+//! Sections run alone too: `http`, `store`, `function`, `roundtrips`, `cluster`; `scale` (records already
+//! stored, purging under load; see `scale.rs`) runs only alone. Settings: `IDEM_BENCH_SECS`
 //! (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (interleaved rounds, 5),
 //! `IDEM_BENCH_STORES` (comma-separated `memory`, `sqlite`, `postgres`, `mysql`, `redis`; default
 //! all), `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`; database `idem_bench` is
@@ -21,11 +22,13 @@ mod http;
 mod load;
 mod report;
 mod roundtrips;
+mod scale;
 mod store_level;
 mod stores;
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "all",
+    "scale",
     "http",
     "store",
     "function",
@@ -82,6 +85,11 @@ async fn run(section: &str) {
                 std::process::exit(2);
             }
         }
+        return;
+    }
+    if section == "scale" {
+        scale::run(&cfg, &services().await).await;
+        let _ = std::fs::remove_dir_all(stores::scratch());
         return;
     }
     let all = section == "all";

@@ -104,7 +104,7 @@ slices so that a slow moment of the machine falls on every cell alike.
 }
 
 /// The machine, from `/proc`.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -75,6 +75,12 @@
 //! elsewhere (the application's own statements, another process) are waited out with
 //! `busy_timeout` (5 s by default, see [`SqliteStore::options`]).
 //!
+//! The writer never checkpoints the write-ahead log itself: SQLite's automatic checkpoint would
+//! run inside the commit that crosses its threshold, flushing the log and the database to disk
+//! while every write queued behind that batch waits. A checkpointer task, on a connection of its
+//! own, runs a passive checkpoint every 100 ms that the writer wrote, beside the writer and the
+//! readers; the pool's connections keep SQLite's automatic checkpoint.
+//!
 //! Reads (lookups, and the claims of keys claimed lately) go to one reader task, likewise with a
 //! connection of its own, which answers everything queued with one `SELECT … WHERE (scope = ? AND
 //! key = ?) OR …`. sqlx runs each statement on its connection's thread, and that hand-off, not the
@@ -274,7 +280,8 @@ impl SqliteStore {
     ///   writer, and a commit
     ///   appends to the log instead of rewriting pages.
     /// - `synchronous = NORMAL`: in WAL mode a commit is then not flushed to disk on its own; the
-    ///   log is flushed at each checkpoint. The database cannot be corrupted, and an application
+    ///   log is flushed at each checkpoint (every 100 ms that idem's writer wrote, see
+    ///   [Concurrency](self#concurrency)). The database cannot be corrupted, and an application
     ///   crash loses nothing; only a power loss or OS crash may lose the last commits (each commit
     ///   holds the concurrent writes of one kind, see [Concurrency](self#concurrency)). `FULL` makes
     ///   each commit wait for an fsync (several times slower; batching shares one fsync among the

@@ -1,0 +1,819 @@
+//! The `scale` section: how idem's cost grows with the records already stored, and what a purge
+//! does to live requests. Not part of `all` (it loads millions of records):
+//!
+//! ```sh
+//! IDEM_SCALE_SIZES=0,1000000,10000000 cargo run --release --manifest-path benches/Cargo.toml -- scale
+//! ```
+//!
+//! For each selected store (SQLite, PostgreSQL, Redis; `IDEM_BENCH_STORES`) and each size, the
+//! store is bulk-loaded up to that many records in its own format (`seed.rs`; a larger size
+//! extends the smaller one), then new keys and replays run at 16 concurrent operations through
+//! idem's engine and on the store's floor (`floor.rs`), interleaved in slices over
+//! `IDEM_BENCH_ROUNDS` rounds of `IDEM_BENCH_SECS` per cell; then 16 concurrent duplicates of each
+//! of 50 keys. New keys land at random places in the seeded scopes, and replays read random seeded
+//! records, so both meet the whole index. At `IDEM_SCALE_PURGE_AT` records (default 1,000,000, or
+//! the first size) `IDEM_SCALE_PURGE` records past retention (default 1,000,000; 0 skips) are
+//! added and purged while new keys arrive at half the engine's measured rate. First, the SQLite
+//! store's tail (`tails.rs`). `IDEM_SCALE_PARTS` (`stores,tails` by default) picks the parts.
+
+mod floor;
+mod instances;
+mod purge;
+mod seed;
+mod tails;
+
+use crate::floors;
+use crate::load::{interleaved, Bounds, Ops, Sample, Sliced};
+use crate::report::{dur, median, pct, rate, Config};
+use crate::stores::{self, Backend, Handle};
+use floor::Floor;
+use idem_runtime::sweeper::Sweeper;
+use idem_runtime::{Begin, Engine, RecordKey};
+use seed::Set;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Concurrent operations per cell.
+const CONCURRENCY: usize = 16;
+/// The fewest records a size is seeded with, so that size 0's replays have records to read.
+const MIN_SEEDED: u64 = 4_096;
+/// Duplicates: this many keys, each claimed by this many concurrent operations, the winner's work
+/// taking [`DUPLICATE_WORK`].
+const DUPLICATE_KEYS: usize = 50;
+const DUPLICATES: usize = 16;
+const DUPLICATE_WORK: Duration = Duration::from_millis(20);
+/// The quiet run beside each purge, at the same rate.
+const QUIET_SECS: f64 = 10.0;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn sizes() -> Vec<u64> {
+    let list = std::env::var("IDEM_SCALE_SIZES").unwrap_or_else(|_| "0,1000000,10000000".into());
+    let mut sizes: Vec<u64> = list
+        .split(',')
+        .filter_map(|s| s.trim().replace('_', "").parse().ok())
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.is_empty() {
+        sizes.push(0);
+    }
+    sizes
+}
+
+/// A 64-bit mix (splitmix64's finaliser): spreads consecutive numbers over the key space.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The cells of one store at one size.
+#[derive(Default)]
+struct Cells {
+    engine_new: Vec<Sample>,
+    engine_replay: Vec<Sample>,
+    floor_new: Vec<Sample>,
+    floor_replay: Vec<Sample>,
+}
+
+/// One row of results: a store at a size.
+struct Row {
+    backend: Backend,
+    size: u64,
+    seeded: Option<(u64, Duration)>,
+    cells: Cells,
+    duplicates: Duplicates,
+}
+
+#[derive(Default)]
+struct Duplicates {
+    wakeups: Vec<u64>,
+    executions: usize,
+    errors: usize,
+}
+
+struct PurgeRow {
+    backend: Backend,
+    size: u64,
+    records: u64,
+    seed_took: Duration,
+    rate: f64,
+    quiet: Sample,
+    purged: purge::Purged,
+}
+
+pub(crate) async fn run(cfg: &Config, services: &str) {
+    let started = Instant::now();
+    let sizes = sizes();
+    let purge_records = env_u64("IDEM_SCALE_PURGE", 1_000_000);
+    let purge_at = env_u64(
+        "IDEM_SCALE_PURGE_AT",
+        if sizes.contains(&1_000_000) {
+            1_000_000
+        } else {
+            sizes[0]
+        },
+    );
+    let parts = std::env::var("IDEM_SCALE_PARTS").unwrap_or_else(|_| "stores,tails".into());
+    if parts.trim() == "instances" {
+        instances::run(cfg).await;
+        return;
+    }
+    println!("{}", header(cfg, services, &sizes, purge_records, purge_at));
+    if parts.split(',').any(|p| p.trim() == "tails") && stores::selected(Backend::Sqlite) {
+        print_tails(&tails::run(cfg).await);
+    }
+    if !parts.split(',').any(|p| p.trim() == "stores") {
+        return;
+    }
+    let mut rows = Vec::new();
+    let mut purges = Vec::new();
+    let mut run_id = 0u64;
+    for backend in [Backend::Sqlite, Backend::Postgres, Backend::Redis] {
+        if !stores::selected(backend) {
+            continue;
+        }
+        let Some((handle, url)) = open(backend).await else {
+            continue;
+        };
+        let Some(floor) = Floor::for_handle(&handle) else {
+            continue;
+        };
+        let engine = Engine::from_arc(handle.store());
+        let mut seeded = 0u64;
+        for &size in &sizes {
+            let target = size.max(MIN_SEEDED);
+            let mut took = None;
+            if target > seeded {
+                let t = Instant::now();
+                if let Err(e) = load(&handle, &url, Set::Live, seeded, target, None).await {
+                    eprintln!("{}: seeding failed: {e}", backend.name());
+                    break;
+                }
+                took = Some((target - seeded, t.elapsed()));
+                seeded = target;
+            }
+            eprintln!("scale: {} at {size} records", backend.name());
+            run_id += 1;
+            let cells = measure(&engine, &floor, seeded, run_id, cfg).await;
+            let duplicates = duplicates(&engine, run_id).await;
+            let capacity = median(cells.engine_new.iter().map(Sample::throughput).collect());
+            rows.push(Row {
+                backend,
+                size,
+                seeded: took,
+                cells,
+                duplicates,
+            });
+            if size == purge_at && purge_records > 0 {
+                run_id += 1;
+                match purge(
+                    &handle,
+                    &url,
+                    &engine,
+                    purge_records,
+                    capacity / 2.0,
+                    run_id,
+                )
+                .await
+                {
+                    Ok((seed_took, quiet, purged)) => purges.push(PurgeRow {
+                        backend,
+                        size,
+                        records: purge_records,
+                        seed_took,
+                        rate: capacity / 2.0,
+                        quiet,
+                        purged,
+                    }),
+                    Err(e) => eprintln!("{}: purge failed: {e}", backend.name()),
+                }
+            }
+        }
+    }
+    print(&rows, &purges, &sizes);
+    cleanup().await;
+    println!(
+        "This run took {:.0} minutes.\n",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+}
+
+/// Frees what the loads took: the bench's PostgreSQL table and Redis database are emptied (the
+/// SQLite files go with the scratch directory).
+async fn cleanup() {
+    if let Ok(pool) = sqlx::PgPool::connect(&format!(
+        "{}/idem_bench?sslmode=disable",
+        stores::postgres_base()
+    ))
+    .await
+    {
+        let _ = sqlx::query("TRUNCATE idem.records").execute(&pool).await;
+    }
+    if let Ok(client) = redis::Client::open(stores::redis_url()) {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let _ = redis::cmd("FLUSHDB").query_async::<()>(&mut conn).await;
+        }
+    }
+}
+
+/// The store, empty, and the URL the loads reach it with.
+async fn open(backend: Backend) -> Option<(Handle, String)> {
+    match backend {
+        Backend::Sqlite => {
+            let path = stores::scratch().join("scale.db");
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            let url = format!("sqlite://{}?mode=rwc", path.display());
+            match idem_runtime::store::sqlite::SqliteStore::connect(&url).await {
+                Ok(s) => Some((Handle::Sqlite(Arc::new(s)), url)),
+                Err(e) => {
+                    eprintln!("skipping SQLite: {e}");
+                    None
+                }
+            }
+        }
+        Backend::Postgres => match stores::postgres(None).await {
+            Ok(s) => Some((Handle::Postgres(s), String::new())),
+            Err(e) => {
+                eprintln!("skipping PostgreSQL: {e}");
+                None
+            }
+        },
+        Backend::Redis => match stores::redis(None).await {
+            Ok((s, c)) => Some((Handle::Redis(s, c), String::new())),
+            Err(e) => {
+                eprintln!("skipping Redis: {e}");
+                None
+            }
+        },
+        Backend::Memory => None,
+    }
+}
+
+/// Bulk-loads records `from..to` of `set` into the store.
+async fn load(
+    handle: &Handle,
+    url: &str,
+    set: Set,
+    from: u64,
+    to: u64,
+    retain_at: Option<i64>,
+) -> Result<(), String> {
+    match handle {
+        Handle::Sqlite(_) => seed::sqlite(url, set, from, to).await,
+        Handle::Postgres(s) => seed::postgres(s.pool(), set, from, to).await,
+        Handle::Redis(s, conn) => seed::redis(conn, s.prefix(), set, from, to, retain_at).await,
+        Handle::Memory(_) => Ok(()),
+    }
+}
+
+/// New keys and replays through the engine and on the floor, at [`CONCURRENCY`], interleaved;
+/// one sample per cell and round.
+async fn measure(engine: &Engine, floor: &Floor, seeded: u64, run_id: u64, cfg: &Config) -> Cells {
+    let bounds = Bounds {
+        time: cfg.cell(),
+        requests: u64::MAX,
+    };
+    let mut cells = Cells::default();
+    for round in 0..cfg.rounds {
+        eprintln!("  round {} of {}", round + 1, cfg.rounds);
+        let mut loads = loads(engine, floor, seeded, run_id, round as u64);
+        interleaved(&mut loads, bounds).await;
+        for (id, load) in loads {
+            let sample = load.into_sample();
+            match id {
+                0 => cells.engine_new.push(sample),
+                1 => cells.engine_replay.push(sample),
+                2 => cells.floor_new.push(sample),
+                _ => cells.floor_replay.push(sample),
+            }
+        }
+    }
+    cells
+}
+
+/// One round's four cells: new keys at random places in the seeded scopes (`run_id` and `round`
+/// in the key keep every cell's keys apart), replays of random seeded completed records.
+fn loads(
+    engine: &Engine,
+    floor: &Floor,
+    seeded: u64,
+    run_id: u64,
+    round: u64,
+) -> Vec<(u8, Box<dyn Sliced>)> {
+    let salt = (run_id << 40) ^ (round << 32);
+    let (e1, e2, f1, f2) = (engine.clone(), engine.clone(), floor.clone(), floor.clone());
+    vec![
+        (
+            0,
+            Box::new(Ops::new(CONCURRENCY, move |_, n| {
+                let e = e1.clone();
+                let i = mix(n ^ salt);
+                async move {
+                    let scope = seed::scope(Set::Live, i);
+                    let key = format!("{:08x}-e{run_id}.{round}-{n}", i & 0xffff_ffff);
+                    floors::engine_new(&e, &scope, key).await
+                }
+            })),
+        ),
+        (
+            1,
+            Box::new(Ops::new(CONCURRENCY, move |_, n| {
+                let e = e2.clone();
+                let i = seed::completed(n ^ salt, seeded);
+                async move { floors::engine_replay(&e, &seed::scope(Set::Live, i), seed::key(i)).await }
+            })),
+        ),
+        (
+            2,
+            Box::new(Ops::new(CONCURRENCY, move |_, n| {
+                let f = f1.clone();
+                let i = mix(n ^ salt ^ (1 << 63));
+                async move {
+                    let scope = seed::scope(Set::Live, i);
+                    let key = format!("{:08x}-f{run_id}.{round}-{n}", i & 0xffff_ffff);
+                    f.new_request(&scope, &key).await
+                }
+            })),
+        ),
+        (
+            3,
+            Box::new(Ops::new(CONCURRENCY, move |_, n| {
+                let f = f2.clone();
+                let i = seed::completed(n ^ salt ^ (1 << 62), seeded);
+                async move { f.replay(&seed::scope(Set::Live, i), &seed::key(i)).await }
+            })),
+        ),
+    ]
+}
+
+/// [`DUPLICATES`] concurrent claims of each of [`DUPLICATE_KEYS`] new keys: the winner works for
+/// [`DUPLICATE_WORK`] then completes; each waiter's wake-up is the time from the completion's
+/// return to the waiter's replay (0 if it woke first).
+async fn duplicates(engine: &Engine, run_id: u64) -> Duplicates {
+    let mut out = Duplicates::default();
+    for k in 0..DUPLICATE_KEYS {
+        let key = RecordKey::new("tenant-dup", format!("d{run_id}-{k}"));
+        let completed: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+        let barrier = Arc::new(tokio::sync::Barrier::new(DUPLICATES));
+        let mut tasks = Vec::new();
+        for _ in 0..DUPLICATES {
+            let (engine, key, completed, barrier) = (
+                engine.clone(),
+                key.clone(),
+                completed.clone(),
+                barrier.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                match engine
+                    .begin(key, floors::fingerprint(), &floors::POLICY)
+                    .await
+                {
+                    Ok(Begin::Execute(claim)) => {
+                        tokio::time::sleep(DUPLICATE_WORK).await;
+                        let ok = claim.complete(&floors::response()).await.is_ok();
+                        *completed.lock().expect("not poisoned") = Some(Instant::now());
+                        (ok, true, None)
+                    }
+                    Ok(Begin::Replay(_)) => (true, false, Some(Instant::now())),
+                    _ => (false, false, None),
+                }
+            }));
+        }
+        let mut woke = Vec::new();
+        for task in tasks {
+            match task.await {
+                Ok((true, executed, at)) => {
+                    out.executions += usize::from(executed);
+                    woke.extend(at);
+                }
+                _ => out.errors += 1,
+            }
+        }
+        let done = *completed.lock().expect("not poisoned");
+        if let Some(done) = done {
+            for at in woke {
+                out.wakeups
+                    .push(at.saturating_duration_since(done).as_nanos() as u64);
+            }
+        }
+    }
+    out.wakeups.sort_unstable();
+    out
+}
+
+/// Adds `records` past retention, runs new keys at `rate` quietly, then purges them under the same
+/// load: the load time, the quiet sample and the purge.
+async fn purge(
+    handle: &Handle,
+    url: &str,
+    engine: &Engine,
+    records: u64,
+    rate: f64,
+    run_id: u64,
+) -> Result<(Duration, Sample, purge::Purged), String> {
+    let t = Instant::now();
+    match handle {
+        Handle::Redis(_, conn) => {
+            let base = dbsize(conn).await.unwrap_or(0);
+            // Retained until a moment after the load, the quiet run and a margin: Redis then
+            // expires them itself, under the load.
+            let estimate = 5.0 + records as f64 / 100_000.0;
+            let due = now_ms() + ((estimate + QUIET_SECS + 5.0) * 1000.0) as i64;
+            load(handle, url, Set::Expired, 0, records, Some(due)).await?;
+            let seed_took = t.elapsed();
+            eprintln!("purge: quiet run at {rate:.0}/s");
+            let quiet = purge::quiet(engine, rate, QUIET_SECS, format!("q{run_id}")).await;
+            let wait = due - now_ms();
+            if wait < 0 {
+                eprintln!(
+                    "purge: the records' retention ended {} ms before the purge's measurement",
+                    -wait
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+            eprintln!("purge: expiring {records} records under load");
+            let base = base + quiet.ok;
+            let c = conn.clone();
+            let purged = purge::expire_redis(
+                engine,
+                Sweeper::new(handle.store_purge()),
+                rate,
+                format!("p{run_id}"),
+                base,
+                Duration::from_secs(600),
+                move || {
+                    let c = c.clone();
+                    async move { dbsize(&c).await }
+                },
+            )
+            .await;
+            Ok((seed_took, quiet, purged))
+        }
+        _ => {
+            load(handle, url, Set::Expired, 0, records, None).await?;
+            let seed_took = t.elapsed();
+            eprintln!("purge: quiet run at {rate:.0}/s");
+            let quiet = purge::quiet(engine, rate, QUIET_SECS, format!("q{run_id}")).await;
+            eprintln!("purge: sweeping {records} records under load");
+            let purged = purge::sweep_sql(
+                engine,
+                Sweeper::new(handle.store_purge()),
+                rate,
+                format!("p{run_id}"),
+            )
+            .await;
+            Ok((seed_took, quiet, purged))
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+async fn dbsize(conn: &redis::aio::ConnectionManager) -> Option<u64> {
+    let mut conn = conn.clone();
+    redis::cmd("DBSIZE")
+        .query_async::<u64>(&mut conn)
+        .await
+        .ok()
+}
+
+impl Handle {
+    /// The store as the sweeper takes it.
+    fn store_purge(&self) -> Arc<dyn idem_runtime::store::Purge> {
+        match self {
+            Handle::Memory(s) => s.clone(),
+            Handle::Sqlite(s) => s.clone(),
+            Handle::Postgres(s) => s.clone(),
+            Handle::Redis(s, _) => s.clone(),
+        }
+    }
+}
+
+/// The section's opening: what it measures, how to run it, the machine and the date.
+fn header(
+    cfg: &Config,
+    services: &str,
+    sizes: &[u64],
+    purge_records: u64,
+    purge_at: u64,
+) -> String {
+    let sizes: Vec<String> = sizes.iter().map(|s| count(*s)).collect();
+    format!(
+        "## At scale
+
+How idem's cost grows with its work: with records already stored, while a purge runs, and in
+its latency tails. From one run of
+
+```sh
+IDEM_SCALE_SIZES={} IDEM_SCALE_PURGE={purge_records} IDEM_BENCH_SECS={} IDEM_BENCH_ROUNDS={} \\
+  cargo run --release --manifest-path benches/Cargo.toml -- scale
+```
+
+{}; {}. Run on {}; sizes {}; the purge at {} records.
+",
+        std::env::var("IDEM_SCALE_SIZES").unwrap_or_else(|_| "0,1000000,10000000".into()),
+        cfg.secs,
+        cfg.rounds,
+        crate::report::machine(),
+        services,
+        utc_now(),
+        sizes.join(", "),
+        count(purge_at),
+    )
+}
+
+/// The date and time now, UTC, as `2026-12-07 23:59 UTC`.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+/// A record count: 0, 4096, 1M, 10M.
+fn count(n: u64) -> String {
+    if n >= 1_000_000 && n % 1_000_000 == 0 {
+        format!("{}M", n / 1_000_000)
+    } else if n >= 1_000_000 {
+        format!("{:.1}M", n as f64 / 1e6)
+    } else if n >= 10_000 {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+fn print_tails(variants: &[Vec<Sample>]) {
+    println!("### SQLite new keys: the batching writer's tail\n");
+    println!(
+        "New keys through idem's engine at 16 concurrent operations on fresh SQLite files, no HTTP \
+         (median of the rounds; latencies over every round's operations): the store as it ships \
+         beside the same store `unbatched`.\n"
+    );
+    println!("| store | ops/s | vs the default | p50 | p99 | p99.9 | p99 ÷ p50 | errors |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let base = variants.first().map_or(0.0, |v| throughput(v));
+    for (name, samples) in tails::VARIANTS.iter().zip(variants) {
+        let all = pooled(samples);
+        let (p50, p99) = (all.quantile(0.5), all.quantile(0.99));
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {:.1} | {} |",
+            rate(throughput(samples)),
+            pct(throughput(samples) / base.max(1e-9)),
+            dur(p50),
+            dur(p99),
+            dur(all.quantile(0.999)),
+            p99.as_secs_f64() / p50.as_secs_f64().max(1e-9),
+            all.errors
+        );
+    }
+    println!();
+}
+
+/// Every round's latencies together, sorted.
+fn pooled(samples: &[Sample]) -> Sample {
+    let mut all = Sample::default();
+    for s in samples {
+        all.ok += s.ok;
+        all.errors += s.errors;
+        all.elapsed += s.elapsed;
+        all.latencies.extend_from_slice(&s.latencies);
+    }
+    all.latencies.sort_unstable();
+    all
+}
+
+fn tails(s: &Sample) -> String {
+    format!(
+        "{} / {} / {}",
+        dur(s.quantile(0.5)),
+        dur(s.quantile(0.99)),
+        dur(s.quantile(0.999))
+    )
+}
+
+fn throughput(samples: &[Sample]) -> f64 {
+    median(samples.iter().map(Sample::throughput).collect())
+}
+
+fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
+    println!("### Records already stored\n");
+    println!(
+        "Operations per second at {CONCURRENCY} concurrent operations, no HTTP (median of the rounds), \
+         with p50 / p99 / p99.9 latency over every round's operations. A new key is idem's claim and \
+         completion through its engine, against the floor: the claim's insert and the fenced \
+         completing update written directly on the store's own pool. A replay reads a random \
+         seeded completed record: through idem's engine, against the floor's own read of it (on \
+         PostgreSQL and Redis, the claim command idem sends). \"Keeps\" is the cell's rate at this \
+         size against the same cell on the smallest; the goal at the largest size is that idem keeps \
+         at least what its floor keeps less 5 points, and at least 85% where the floor keeps 95% or \
+         more. Size 0 holds the replays' {MIN_SEEDED} records.\n"
+    );
+    println!(
+        "| store, cell | records | floor, ops/s | floor p50 / p99 / p99.9 | idem, ops/s | idem p50 / p99 / p99.9 | idem vs floor | floor keeps | idem keeps | goal | failed: floor, idem |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let largest = *sizes.last().unwrap_or(&0);
+    let mut verdicts = Vec::new();
+    for (label, floor_of, engine_of) in [
+        (
+            "new key",
+            (|c: &Cells| &c.floor_new) as fn(&Cells) -> &Vec<Sample>,
+            (|c: &Cells| &c.engine_new) as fn(&Cells) -> &Vec<Sample>,
+        ),
+        (
+            "replay",
+            |c: &Cells| &c.floor_replay,
+            |c: &Cells| &c.engine_replay,
+        ),
+    ] {
+        for backend in [Backend::Sqlite, Backend::Postgres, Backend::Redis] {
+            let store_rows: Vec<&Row> = rows.iter().filter(|r| r.backend == backend).collect();
+            let Some(first) = store_rows.first() else {
+                continue;
+            };
+            let (f0, e0) = (
+                throughput(floor_of(&first.cells)),
+                throughput(engine_of(&first.cells)),
+            );
+            for row in &store_rows {
+                let (fs, es) = (floor_of(&row.cells), engine_of(&row.cells));
+                let (f, e) = (throughput(fs), throughput(es));
+                let (fk, ek) = (f / f0.max(1e-9), e / e0.max(1e-9));
+                let goal = if row.size == largest && row.size != first.size {
+                    let need = fk - 0.05;
+                    let met = ek >= need;
+                    verdicts.push(format!(
+                        "{}, {label}: idem keeps {} against the floor's {} (needs {}): {}",
+                        backend.name(),
+                        pct(ek),
+                        pct(fk),
+                        pct(need),
+                        if met { "met" } else { "**not met**" }
+                    ));
+                    if met { "met" } else { "**not met**" }.to_owned()
+                } else {
+                    String::new()
+                };
+                let failed = |v: &[Sample]| v.iter().map(|s| s.errors).sum::<u64>();
+                println!(
+                    "| {}, {label} | {} | {} | {} | {} | {} | {} | {} | {} | {goal} | {}, {} |",
+                    backend.name(),
+                    count(row.size),
+                    rate(f),
+                    tails(&pooled(fs)),
+                    rate(e),
+                    tails(&pooled(es)),
+                    pct(e / f.max(1e-9)),
+                    pct(fk),
+                    pct(ek),
+                    failed(fs),
+                    failed(es),
+                );
+            }
+        }
+    }
+    let errors: u64 = rows
+        .iter()
+        .flat_map(|r| {
+            [
+                &r.cells.engine_new,
+                &r.cells.engine_replay,
+                &r.cells.floor_new,
+                &r.cells.floor_replay,
+            ]
+        })
+        .flatten()
+        .map(|s| s.errors)
+        .sum();
+    println!("\nFailed operations in all cells: {errors}.");
+    for v in &verdicts {
+        println!("- {v}");
+    }
+    println!();
+
+    println!("### Loading the records\n");
+    println!("Each store's bulk load in its own format (a larger size extends the smaller one).\n");
+    println!("| store | records added | took | records/s |");
+    println!("|---|---|---|---|");
+    for row in rows {
+        if let Some((n, took)) = row.seeded {
+            println!(
+                "| {} | {} | {:.1} s | {} |",
+                row.backend.name(),
+                count(n),
+                took.as_secs_f64(),
+                rate(seed::rate(n, took))
+            );
+        }
+    }
+    println!();
+
+    println!("### Duplicates: the waiters' wake-up\n");
+    println!(
+        "{DUPLICATES} concurrent claims of each of {DUPLICATE_KEYS} new keys, the winner working \
+         {} ms before it completes; a waiter's wake-up is the time from the completion's return to \
+         its replay (0 when it woke before the completion returned).\n",
+        DUPLICATE_WORK.as_millis()
+    );
+    println!("| store | records | executions | wake-up p50 | p99 | p99.9 | errors |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in rows {
+        let d = &row.duplicates;
+        let s = Sample {
+            latencies: d.wakeups.clone(),
+            ..Sample::default()
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            row.backend.name(),
+            count(row.size),
+            d.executions,
+            dur(s.quantile(0.5)),
+            dur(s.quantile(0.99)),
+            dur(s.quantile(0.999)),
+            d.errors
+        );
+    }
+    println!();
+
+    if purges.is_empty() {
+        return;
+    }
+    println!("### Purging under load\n");
+    println!(
+        "Records past retention added to the store, then purged while new keys arrive at half the \
+         rate idem's new-key cell measured at that size (16 tasks, each request's latency counted \
+         from when it was due). SQLite and PostgreSQL: one `Sweeper::sweep_once` (batches of \
+         1,000); Redis: the records' own expiry (their TTL is their retention) with the sweeper's \
+         scans beside it, until they are gone. \"Quiet\" is the same load for {QUIET_SECS} s just \
+         before. The purge keeps up if it deletes faster than the load adds records: an hour's \
+         worth of records at the load's rate is then purged in under an hour.\n"
+    );
+    println!(
+        "| store | records stored | purged | took | purged/s | load, req/s | quiet p50 / p99 | during the purge p50 / p99 | p99 ratio | errors | an hour's records purged in |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for p in purges {
+        let per_sec = seed::rate(p.purged.deleted, p.purged.took);
+        let hour = 3600.0 * p.purged.live.throughput();
+        let errors = p.purged.live.errors + p.quiet.errors;
+        let note = match (&p.purged.sweep_error, p.purged.timed_out) {
+            (Some(e), _) => format!(" (sweep error: {e})"),
+            (None, true) => " (stopped at the time limit)".into(),
+            _ => String::new(),
+        };
+        println!(
+            "| {} | {} | {}{note} | {:.1} s | {} | {} | {} / {} | {} / {} | {:.2}× | {errors} | {} |",
+            p.backend.name(),
+            count(p.size),
+            count(p.purged.deleted),
+            p.purged.took.as_secs_f64(),
+            rate(per_sec),
+            rate(p.rate),
+            dur(p.quiet.quantile(0.5)),
+            dur(p.quiet.quantile(0.99)),
+            dur(p.purged.live.quantile(0.5)),
+            dur(p.purged.live.quantile(0.99)),
+            p.purged.live.quantile(0.99).as_secs_f64() / p.quiet.quantile(0.99).as_secs_f64().max(1e-9),
+            if per_sec > 0.0 {
+                dur(Duration::from_secs_f64(hour / per_sec))
+            } else {
+                "never".into()
+            },
+        );
+        let _ = p.records;
+        let _ = p.seed_took;
+    }
+    println!();
+}
