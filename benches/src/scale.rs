@@ -255,7 +255,8 @@ async fn open(backend: Backend) -> Option<(Handle, String)> {
                 None
             }
         },
-        Backend::Memory => None,
+        // Neither seeded nor measured at scale yet.
+        Backend::Memory | Backend::Mysql => None,
     }
 }
 
@@ -273,6 +274,7 @@ async fn load(
         Handle::Postgres(s) => seed::postgres(s.pool(), set, from, to).await,
         Handle::Redis(s, conn) => seed::redis(conn, s.prefix(), set, from, to, retain_at).await,
         Handle::Memory(_) => Ok(()),
+        Handle::Mysql(_) => Err("the scale section does not seed MySQL yet".to_owned()),
     }
 }
 
@@ -500,6 +502,7 @@ impl Handle {
             Handle::Sqlite(s) => s.clone(),
             Handle::Postgres(s) => s.clone(),
             Handle::Redis(s, _) => s.clone(),
+            Handle::Mysql(s) => s.clone(),
         }
     }
 }

@@ -50,7 +50,7 @@ impl Floor {
             Handle::Sqlite(s) => Some(Floor::Sqlite(s.pool().clone())),
             Handle::Postgres(s) => Some(Floor::Postgres(s.pool().clone())),
             Handle::Redis(s, c) => Some(Floor::Redis(c.clone(), s.prefix().to_owned())),
-            Handle::Memory(_) => None,
+            Handle::Memory(_) | Handle::Mysql(_) => None,
         }
     }
 
