@@ -2,7 +2,6 @@
 //! async functions (`function.rs`), which name the runtime's items by different paths.
 
 use crate::config::{Broken, Rule, Value};
-use crate::expand::generated;
 use crate::options::Opt;
 use proc_macro2::{Span, TokenStream};
 use quote::{quote_spanned, ToTokens};
@@ -72,7 +71,8 @@ pub(crate) fn policy(
     if rules.is_empty() {
         return quote_spanned!(def=> #chain #checked);
     }
-    let policy = generated("__idem_policy");
+    // Hygienic, as `expand.rs` makes its generated names (this file stays below it).
+    let policy = Ident::new("__idem_policy", def);
     let arms = rules.iter().map(|Rule(broken, at, message)| {
         let panic = quote_spanned!(*at=> ::core::panic!("{}", #message));
         match broken {
