@@ -11,14 +11,14 @@
 //!
 //! The same seed and budget as `model.rs` (`PROPTEST_CASES`, `IDEM_MODEL_SEED`).
 
-use crate::proof_support::{cases, instances, runner};
+use crate::proof_support::{engines, instances, racing_runner};
 use idem_runtime::clock::{ManualClock, Timestamp};
 use idem_runtime::function::{Attempt, CallError, OnceError};
 use idem_runtime::store::Purge;
-use idem_runtime::{Engine, Fingerprint, Policy, RecordKey, Rejection};
+use idem_runtime::{Fingerprint, Policy, RecordKey, Rejection};
 use idem_tests::conformance::Backend;
 use proptest::prelude::*;
-use proptest::test_runner::{TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,10 +89,7 @@ async fn run_race<S: idem_runtime::Store + Purge>(
     scripts: Vec<Vec<Call>>,
     case: &str,
 ) -> Result<(), TestCaseError> {
-    let engines: Vec<Engine> = instances
-        .iter()
-        .map(|s| Engine::from_arc(s.clone()).with_store_timeout(Some(Duration::from_secs(30))))
-        .collect();
+    let engines = engines(instances);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let execs = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(scripts.len()));
@@ -233,10 +230,7 @@ fn race<B: Backend>(make: impl std::future::Future<Output = B>) {
     ));
     let run = uuid::Uuid::new_v4().simple().to_string();
     let n = AtomicU64::new(0);
-    let mut runner = runner();
-    let mut config = runner.config().clone();
-    config.cases = (cases() / 4).max(1);
-    runner = TestRunner::new_with_rng(config, runner.new_rng());
+    let mut runner = racing_runner();
     let result = runner.run(&scripts(), |scripts| {
         let case = format!("fn-{run}-{}", n.fetch_add(1, Ordering::Relaxed));
         runtime.block_on(run_race(&stores, scripts, &case))

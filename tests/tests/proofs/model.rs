@@ -22,16 +22,16 @@
 //! IDEM_MODEL_SEED=7 PROPTEST_CASES=5000 cargo test -p idem-tests --test proofs model::   # another seed
 //! ```
 
-use crate::proof_support::{cases, instances, runner};
+use crate::proof_support::{engines, instances, racing_runner, runner};
 use idem_runtime::clock::{Clock, ManualClock, Timestamp};
 use idem_runtime::store::Purge;
 use idem_runtime::{
-    Begin, ClaimGuard, Engine, FencingToken, Fingerprint, Policy, RecordKey, RecordState,
-    Rejection, Store, StoreErrorKind, StoredResponse,
+    Begin, ClaimGuard, FencingToken, Fingerprint, Policy, RecordKey, RecordState, Rejection, Store,
+    StoreErrorKind, StoredResponse,
 };
 use idem_tests::conformance::Backend;
 use proptest::prelude::*;
-use proptest::test_runner::{TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -269,10 +269,7 @@ async fn run_case<S: Store + Purge>(
     ops: &[Op],
     case: &str,
 ) -> Result<(), TestCaseError> {
-    let engines: Vec<Engine> = instances
-        .iter()
-        .map(|s| Engine::from_arc(s.clone()).with_store_timeout(Some(Duration::from_secs(30))))
-        .collect();
+    let engines = engines(instances);
     let record_key =
         |(scope, key): (u8, u8)| RecordKey::new(format!("{case}-s{scope}"), format!("k{key}"));
     let mut model = Model::default();
@@ -582,10 +579,7 @@ async fn run_race<S: Store + Purge>(
     scripts: Vec<Script>,
     case: &str,
 ) -> Result<(), TestCaseError> {
-    let engines: Vec<Engine> = instances
-        .iter()
-        .map(|s| Engine::from_arc(s.clone()).with_store_timeout(Some(Duration::from_secs(30))))
-        .collect();
+    let engines = engines(instances);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let execs = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(scripts.len()));
@@ -694,13 +688,9 @@ fn concurrent<B: Backend>(make: impl std::future::Future<Output = B>) {
     let stores = runtime.block_on(instances(&backend, &ManualClock::new(T0)));
     let run = uuid::Uuid::new_v4().simple().to_string();
     let n = AtomicU64::new(0);
-    let mut runner = runner();
     // Racing cases cost real time (tasks, round trips); a quarter of the budget covers the races
     // the sequential cases cannot.
-    let budget = (cases() / 4).max(1);
-    let mut config = runner.config().clone();
-    config.cases = budget;
-    runner = TestRunner::new_with_rng(config, runner.new_rng());
+    let mut runner = racing_runner();
     let result = runner.run(&scripts(), |scripts| {
         let case = format!("race-{run}-{}", n.fetch_add(1, Ordering::Relaxed));
         runtime.block_on(run_race(&stores, scripts, &case))

@@ -267,3 +267,24 @@ pub async fn instances<B: Backend>(backend: &B, clock: &ManualClock) -> Vec<Arc<
     };
     vec![first, second]
 }
+
+/// A runner for racing cases: a quarter of the budget (they cost real time in tasks and round
+/// trips), on the same seed.
+pub fn racing_runner() -> TestRunner {
+    let runner = runner();
+    let mut config = runner.config().clone();
+    config.cases = (cases() / 4).max(1);
+    let mut seeded = runner;
+    TestRunner::new_with_rng(config, seeded.new_rng())
+}
+
+/// An engine over each instance, with a store timeout long enough for a loaded machine.
+pub fn engines<S: idem_runtime::Store>(instances: &[Arc<S>]) -> Vec<idem_runtime::Engine> {
+    instances
+        .iter()
+        .map(|s| {
+            idem_runtime::Engine::from_arc(s.clone())
+                .with_store_timeout(Some(std::time::Duration::from_secs(30)))
+        })
+        .collect()
+}
