@@ -109,6 +109,15 @@ struct PurgeRow {
     purged: purge::Purged,
 }
 
+/// The sweeper as a service builds it, with `IDEM_SCALE_BATCH_MS` (when set) as its batch time.
+fn sweeper(handle: &Handle) -> Sweeper {
+    let sweeper = Sweeper::new(handle.store_purge());
+    match std::env::var("IDEM_SCALE_BATCH_MS").ok().and_then(|v| v.parse::<f64>().ok()) {
+        Some(ms) => sweeper.batch_time(Duration::from_secs_f64(ms / 1000.0)),
+        None => sweeper,
+    }
+}
+
 pub(crate) async fn run(cfg: &Config, services: &str) {
     let started = Instant::now();
     let sizes = sizes();
@@ -449,7 +458,7 @@ async fn purge(
             let c = conn.clone();
             let purged = purge::expire_redis(
                 engine,
-                Sweeper::new(handle.store_purge()),
+                sweeper(handle),
                 rate,
                 format!("p{run_id}"),
                 base,
@@ -470,7 +479,7 @@ async fn purge(
             eprintln!("purge: sweeping {records} records under load");
             let purged = purge::sweep_sql(
                 engine,
-                Sweeper::new(handle.store_purge()),
+                sweeper(handle),
                 rate,
                 format!("p{run_id}"),
             )

@@ -1,5 +1,5 @@
 //! The purge under load: records past retention deleted by idem's [`Sweeper`] (on Redis, expired
-//! by Redis itself, with the sweeper's scan beside it) while new keys arrive at a fixed rate, each
+//! by Redis itself, with the sweeper running beside it as a service runs it) while new keys arrive at a fixed rate, each
 //! request's latency counted from when it was due, so a stall delays every request due during it.
 
 use crate::floors;
@@ -93,8 +93,7 @@ pub(crate) struct Purged {
     pub(crate) timed_out: bool,
 }
 
-/// The SQL stores: one `sweep_once` (batches of 1,000, the sweeper's default) while the paced load
-/// runs; the live requests counted from the sweep's start to its end.
+/// The SQL stores: one `sweep_once` (the sweeper's default batches) while the paced load runs; the live requests counted from the sweep's start to its end.
 pub(crate) async fn sweep_sql(
     engine: &Engine,
     sweeper: Sweeper,
@@ -131,9 +130,13 @@ pub(crate) async fn sweep_sql(
     }
 }
 
+/// How often the Redis purge sweeps: the sweeper's default interval, as a service would run it.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 /// Redis: from `due` (when the purge's records' retention ends, and Redis' own expiry may delete
-/// them), the paced load runs beside the sweeper's scans, one sweep after another, until the
-/// keyspace holds no more than `base` keys plus those the load added, or `limit` has passed.
+/// them), the paced load runs beside the sweeper (a sweep at once, then every [`SWEEP_EVERY`]),
+/// until the keyspace holds no more than `base` keys plus those the load added, or `limit` has
+/// passed.
 pub(crate) async fn expire_redis<F, Fut>(
     engine: &Engine,
     sweeper: Sweeper,
@@ -168,7 +171,10 @@ where
                 if let Err(e) = sweeper.sweep_once().await {
                     error = Some(e.to_string());
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                let next = Instant::now() + SWEEP_EVERY;
+                while sweeping.load(Ordering::Relaxed) && Instant::now() < next {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
             error
         })
