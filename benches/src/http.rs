@@ -433,11 +433,22 @@ pub(crate) async fn seed(
     route: &str,
     cookie: Option<&HeaderValue>,
 ) -> Result<(), String> {
+    complete(addr, route, cookie, &replay_keys()).await
+}
+
+/// Sends each of `keys` once to `addr`'s `route` on one connection, in the session of `cookie` if
+/// given; an answer other than a success fails it.
+pub(crate) async fn complete(
+    addr: SocketAddr,
+    route: &str,
+    cookie: Option<&HeaderValue>,
+    keys: &[String],
+) -> Result<(), String> {
     let mut sender = load::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    for key in replay_keys() {
-        let mut request = load::post(route, &key);
+    for key in keys {
+        let mut request = load::post(route, key);
         if let Some(cookie) = cookie {
             request.headers_mut().insert(COOKIE, cookie.clone());
         }
