@@ -147,14 +147,7 @@ async fn engine_loads(engine: Engine, run: &str) -> [Box<dyn Sliced>; 2] {
 }
 
 pub(crate) async fn run(cfg: &Config) {
-    let url = std::env::var("IDEM_BENCH_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
-        "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned()
-    });
-    let seeds: Vec<String> = url
-        .trim_start_matches("redis-cluster://")
-        .split(',')
-        .map(|node| format!("redis://{node}"))
-        .collect();
+    let (url, seeds) = stores::redis_cluster_seeds();
     let cluster = |wait: bool| {
         let builder = RedisClusterStore::builder(seeds.clone()).prefix("idem-bench");
         let builder = match wait {

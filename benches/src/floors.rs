@@ -5,7 +5,7 @@
 //! in-flight record (the token compared under the map's lock, in the SQL `WHERE`, or by a Redis
 //! script, since Redis 7.0 has no conditional `SET` on a value).
 
-use crate::stores::Handle;
+use crate::stores::{Handle, RedisConn};
 use axum::http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use bytes::Bytes;
 use idem_runtime::policy::Policy;
@@ -153,11 +153,7 @@ fn redis_in_flight(fp: &[u8; 32], token: i64) -> Vec<u8> {
 }
 
 /// The Redis floor's claim: `SET … NX` with a day's TTL; whether it claimed.
-async fn redis_claim(
-    conn: &mut redis::aio::ConnectionManager,
-    key: &str,
-    in_flight: &[u8],
-) -> bool {
+async fn redis_claim(conn: &mut RedisConn, key: &str, in_flight: &[u8]) -> bool {
     redis::cmd("SET")
         .arg(key)
         .arg(in_flight)
@@ -187,7 +183,7 @@ pub(crate) enum Floor {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
     Mysql(sqlx::MySqlPool),
-    Redis(redis::aio::ConnectionManager),
+    Redis(RedisConn),
 }
 
 #[derive(Debug, Clone)]
@@ -238,7 +234,8 @@ impl Floor {
             Handle::Sqlite(s) => Floor::Sqlite(s.pool().clone()),
             Handle::Postgres(s) => Floor::Postgres(s.pool().clone()),
             Handle::Mysql(s) => Floor::Mysql(s.pool().clone()),
-            Handle::Redis(_, c) => Floor::Redis(c.clone()),
+            Handle::Redis(_, c) => Floor::Redis(RedisConn::One(c.clone())),
+            Handle::RedisCluster(_, c) => Floor::Redis(RedisConn::Cluster(c.clone())),
         }
     }
 

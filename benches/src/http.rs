@@ -4,7 +4,7 @@
 //! concurrent-duplicates count of each server.
 
 use crate::load::{self, interleaved, Bounds, Connections, Keys, Sample};
-use crate::report::{dur, median, pct, rate, Config};
+use crate::report::{median, pct, rate, tails, Config};
 use crate::stores::{self, Backend, Handle};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -343,40 +343,41 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
 
     println!("## HTTP: the same handler plain, under idem, and under axum-idempotent\n");
     println!(
-        "Requests per second (median of {} interleaved rounds of {} s per cell; p50 latency in \
-         brackets) at {CONNECTIONS} keep-alive connections, each request a JSON `POST` with an \
-         `Idempotency-Key`: new keys run the handler, replays send one of {REPLAY_KEYS} completed \
-         keys. \"Duplicates\" counts handler executions when each of {DUP_KEYS} new keys is sent by \
-         {DUP_COPIES} identical requests at once, the handler taking {DUP_WORK_MS} ms there (at \
-         most once per key is {DUP_KEYS}; the peer's requests share one session, as one client's \
-         retries would).\n",
+        "Requests per second (median of {} interleaved rounds of {} s per cell), with p50 / p99 / \
+         p99.9 latency over every round's requests, at {CONNECTIONS} keep-alive connections, each \
+         request a JSON `POST` with an `Idempotency-Key`: new keys run the handler, replays send one \
+         of {REPLAY_KEYS} completed keys. \"Duplicates\" counts handler executions when each of \
+         {DUP_KEYS} new keys is sent by {DUP_COPIES} identical requests at once, the handler taking \
+         {DUP_WORK_MS} ms there (at most once per key is {DUP_KEYS}; the peer's requests share one \
+         session, as one client's retries would).\n",
         cfg.rounds, cfg.secs
     );
-    println!("| server | new keys, req/s | vs plain | replays, req/s | vs plain | duplicates: executions | errors |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| server | new keys, req/s | p50 / p99 / p99.9 | vs plain | replays, req/s | p50 / p99 / p99.9 | vs plain | duplicates: executions | errors |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     let cell = |samples: &[Sample]| {
         (
             median(samples.iter().map(Sample::throughput).collect()),
-            median(samples.iter().map(|s| s.p50().as_secs_f64()).collect()),
-            samples.iter().map(|s| s.errors).sum::<u64>(),
+            Sample::pooled(samples),
         )
     };
-    let (plain_rps, _, _) = cell(&new[0]);
-    let show = |(rps, p50, _): (f64, f64, u64)| {
+    let plain_rps = cell(&new[0]).0;
+    let show = |(rps, all): &(f64, Sample)| {
         format!(
-            "{} ({}) | {}",
-            rate(rps),
-            dur(std::time::Duration::from_secs_f64(p50)),
+            "{} | {} | {}",
+            rate(*rps),
+            tails(all),
             pct(rps / plain_rps.max(1e-9))
         )
     };
     for (i, s) in servers.iter().enumerate() {
         let n = cell(&new[i]);
         let (replays, r_errors) = if replay[i].is_empty() {
-            ("— | —".to_owned(), 0)
+            ("— | — | —".to_owned(), 0)
         } else {
             let r = cell(&replay[i]);
-            (show(r), r.2)
+            (show(&r), r.1.errors)
         };
         let dup = match &executions[i] {
             Ok(n) => n.to_string(),
@@ -385,12 +386,12 @@ pub(crate) async fn run(handles: &[(Backend, Handle)], cfg: &Config) {
         println!(
             "| {} | {} | {replays} | {dup} | {} |",
             s.name,
-            show(n),
-            n.2 + r_errors
+            show(&n),
+            n.1.errors + r_errors
         );
     }
     for s in skipped {
-        println!("| {} | not run: {} | | | | | |", s.name, s.why);
+        println!("| {} | not run: {} | | | | | | | |", s.name, s.why);
     }
     // The memory store against the floor by hand, the line it is judged by, and the part of the
     // way that the fingerprint alone takes.
@@ -432,11 +433,22 @@ pub(crate) async fn seed(
     route: &str,
     cookie: Option<&HeaderValue>,
 ) -> Result<(), String> {
+    complete(addr, route, cookie, &replay_keys()).await
+}
+
+/// Sends each of `keys` once to `addr`'s `route` on one connection, in the session of `cookie` if
+/// given; an answer other than a success fails it.
+pub(crate) async fn complete(
+    addr: SocketAddr,
+    route: &str,
+    cookie: Option<&HeaderValue>,
+    keys: &[String],
+) -> Result<(), String> {
     let mut sender = load::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    for key in replay_keys() {
-        let mut request = load::post(route, &key);
+    for key in keys {
+        let mut request = load::post(route, key);
         if let Some(cookie) = cookie {
             request.headers_mut().insert(COOKIE, cookie.clone());
         }

@@ -43,6 +43,17 @@ impl Sample {
         self.quantile(0.5)
     }
 
+    /// Every sample's operations together (their time added up), latencies sorted: the rounds of
+    /// one cell as one sample, for tails over all of them.
+    pub(crate) fn pooled(samples: &[Sample]) -> Sample {
+        let mut all = Sample::default();
+        for s in samples {
+            all.add(s.ok, s.errors, s.latencies.clone());
+            all.elapsed += s.elapsed;
+        }
+        all.sorted()
+    }
+
     /// Adds one worker's counts; the latencies stay unsorted until [`Sample::sorted`].
     fn add(&mut self, ok: u64, errors: u64, latencies: Vec<u64>) {
         self.ok += ok;

@@ -3,8 +3,8 @@
 //! Sections run alone too: `http`, `store`, `function`, `roundtrips`, `cluster`; `scale` (records already
 //! stored, purging under load; see `scale.rs`) runs only alone. Settings: `IDEM_BENCH_SECS`
 //! (seconds per throughput cell, 1), `IDEM_BENCH_ROUNDS` (interleaved rounds, 5),
-//! `IDEM_BENCH_STORES` (comma-separated `memory`, `sqlite`, `postgres`, `mysql`, `redis`; default
-//! all), `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`; database `idem_bench` is
+//! `IDEM_BENCH_STORES` (comma-separated `memory`, `sqlite`, `postgres`, `mysql`, `redis`, and for
+//! `scale` `redis-cluster`; default all), `IDEM_BENCH_POSTGRES_URL` (`postgres://postgres@127.0.0.1:5432`; database `idem_bench` is
 //! created), `IDEM_BENCH_MYSQL_URL` (`mysql://root@127.0.0.1:3306/idem_bench`, created if missing,
 //! emptied), `IDEM_BENCH_REDIS_URL` (`redis://127.0.0.1:6379/7`, flushed) and
 //! `IDEM_BENCH_REDIS_CLUSTER_URL` (see `cluster.rs`). Progress goes to stderr, the report to stdout.

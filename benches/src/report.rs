@@ -45,6 +45,16 @@ pub(crate) fn dur(d: Duration) -> String {
     }
 }
 
+/// A sample's p50 / p99 / p99.9 latencies, as the tables show them.
+pub(crate) fn tails(s: &crate::load::Sample) -> String {
+    format!(
+        "{} / {} / {}",
+        dur(s.quantile(0.5)),
+        dur(s.quantile(0.99)),
+        dur(s.quantile(0.999))
+    )
+}
+
 pub(crate) fn rate(r: f64) -> String {
     if r >= 10_000.0 {
         format!("{:.1}k", r / 1000.0)

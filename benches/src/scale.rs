@@ -5,16 +5,26 @@
 //! IDEM_SCALE_SIZES=0,1000000,10000000 cargo run --release --manifest-path benches/Cargo.toml -- scale
 //! ```
 //!
-//! For each selected store (SQLite, PostgreSQL, Redis; `IDEM_BENCH_STORES`) and each size, the
-//! store is bulk-loaded up to that many records in its own format (`seed.rs`; a larger size
-//! extends the smaller one), then new keys and replays run at 16 concurrent operations through
-//! idem's engine and on the store's floor (`floor.rs`), interleaved in slices over
-//! `IDEM_BENCH_ROUNDS` rounds of `IDEM_BENCH_SECS` per cell; then 16 concurrent duplicates of each
-//! of 50 keys. New keys land at random places in the seeded scopes, and replays read random seeded
-//! records, so both meet the whole index. At `IDEM_SCALE_PURGE_AT` records (default 1,000,000, or
-//! the first size) `IDEM_SCALE_PURGE` records past retention (default 1,000,000; 0 skips) are
-//! added and purged while new keys arrive at half the engine's measured rate. First, the SQLite
-//! store's tail (`tails.rs`). `IDEM_SCALE_PARTS` (`stores,tails` by default) picks the parts.
+//! For each selected store (SQLite, PostgreSQL, Redis, Redis Cluster; `IDEM_BENCH_STORES`, the
+//! cluster's name there `redis-cluster`) and each size, the store is bulk-loaded up to that many
+//! records in its own format (`seed.rs`; a larger size extends the smaller one), then new keys and
+//! replays run at 16 concurrent operations through idem's engine and on the store's floor
+//! (`floor.rs`), interleaved in slices over `IDEM_BENCH_ROUNDS` rounds of `IDEM_BENCH_SECS` per
+//! cell. New keys land at random places in the seeded scopes, and replays read random seeded
+//! records, so both meet the whole index. Then the same engine behind the HTTP section's handler
+//! (`http.rs`'s `idem_router`, served once per store): [`HTTP_KEYS`] keys are completed over HTTP
+//! at that size, and new keys and replays of those keys run over 16 keep-alive connections with
+//! the HTTP load generator (`load.rs`), judged against the same cell at the smallest size and the
+//! store floor's keeps at the largest. Then 16 concurrent duplicates of each of 50 keys. At
+//! `IDEM_SCALE_PURGE_AT` records (default 1,000,000, or the first size) `IDEM_SCALE_PURGE` records
+//! past retention (default 1,000,000; 0 skips) are added and purged while new keys arrive at half
+//! the engine's measured rate. First, the SQLite store's tail (`tails.rs`). `IDEM_SCALE_PARTS`
+//! (`stores,tails` by default) picks the parts.
+//!
+//! The Redis Cluster is `IDEM_BENCH_REDIS_CLUSTER_URL` (as in the `cluster` section; without a
+//! cluster the section says it skipped it). Its records are loaded to [`CLUSTER_MAX`] at most (the
+//! larger sizes are skipped, and the report says so), each primary's share pipelined to it
+//! directly; it is not purged, and its keys under [`CLUSTER_PREFIX`] are deleted before and after.
 
 mod floor;
 mod instances;
@@ -23,13 +33,15 @@ mod seed;
 mod tails;
 
 use crate::floors;
-use crate::load::{interleaved, Bounds, Ops, Sample, Sliced};
-use crate::report::{dur, median, pct, rate, Config};
+use crate::http;
+use crate::load::{interleaved, Bounds, Connections, Keys, Ops, Sample, Sliced};
+use crate::report::{dur, median, pct, rate, tails, Config};
 use crate::stores::{self, Backend, Handle};
 use floor::Floor;
 use idem_runtime::sweeper::Sweeper;
 use idem_runtime::{Begin, Engine, RecordKey};
 use seed::Set;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +56,19 @@ const DUPLICATES: usize = 16;
 const DUPLICATE_WORK: Duration = Duration::from_millis(20);
 /// The quiet run beside each purge, at the same rate.
 const QUIET_SECS: f64 = 10.0;
+/// Keys completed over HTTP at the start of each size, for the HTTP replays to read.
+const HTTP_KEYS: usize = 4_096;
+/// The largest size the Redis Cluster is loaded to (its records live in memory, twice with the
+/// replicas), and its keys' prefix there (emptied before and after).
+const CLUSTER_MAX: u64 = 1_000_000;
+const CLUSTER_PREFIX: &str = "idem-scale";
+/// The stores the section measures, in its tables' order.
+const BACKENDS: [Backend; 4] = [
+    Backend::Sqlite,
+    Backend::Postgres,
+    Backend::Redis,
+    Backend::RedisCluster,
+];
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -81,6 +106,9 @@ struct Cells {
     engine_replay: Vec<Sample>,
     floor_new: Vec<Sample>,
     floor_replay: Vec<Sample>,
+    /// Over HTTP, after the four above: empty if the server could not be served or seeded.
+    http_new: Vec<Sample>,
+    http_replay: Vec<Sample>,
 }
 
 /// One row of results: a store at a size.
@@ -144,20 +172,44 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
     }
     let mut rows = Vec::new();
     let mut purges = Vec::new();
+    let mut notes = Vec::new();
     let mut run_id = 0u64;
-    for backend in [Backend::Sqlite, Backend::Postgres, Backend::Redis] {
+    for backend in BACKENDS {
         if !stores::selected(backend) {
             continue;
         }
-        let Some((handle, url)) = open(backend).await else {
-            continue;
+        let (handle, url) = match open(backend).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                eprintln!("skipping {}: {e}", backend.name());
+                notes.push(format!("{}: skipped: {e}.", backend.name()));
+                continue;
+            }
         };
         let Some(floor) = Floor::for_handle(&handle) else {
             continue;
         };
         let engine = Engine::from_arc(handle.store());
+        let server = http::serve(http::idem_router(engine.clone())).await;
+        let over: Vec<String> = sizes
+            .iter()
+            .filter(|&&n| backend == Backend::RedisCluster && n > CLUSTER_MAX)
+            .map(|&n| count(n))
+            .collect();
+        if !over.is_empty() {
+            notes.push(format!(
+                "{}: loaded to {} records at most (its records live in memory, twice with the \
+                 replicas); not run at {}.",
+                backend.name(),
+                count(CLUSTER_MAX),
+                over.join(", ")
+            ));
+        }
         let mut seeded = 0u64;
         for &size in &sizes {
+            if backend == Backend::RedisCluster && size > CLUSTER_MAX {
+                continue;
+            }
             let target = size.max(MIN_SEEDED);
             let mut took = None;
             if target > seeded {
@@ -171,7 +223,14 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
             }
             eprintln!("scale: {} at {size} records", backend.name());
             run_id += 1;
-            let cells = measure(&engine, &floor, seeded, run_id, cfg).await;
+            let mut cells = measure(&engine, &floor, seeded, run_id, cfg).await;
+            match &server {
+                Ok(addr) => match measure_http(*addr, run_id, cfg).await {
+                    Ok((new, replay)) => (cells.http_new, cells.http_replay) = (new, replay),
+                    Err(e) => eprintln!("{}: HTTP not measured: {e}", backend.name()),
+                },
+                Err(e) => eprintln!("{}: HTTP not served: {e}", backend.name()),
+            }
             let duplicates = duplicates(&engine, run_id).await;
             let capacity = median(cells.engine_new.iter().map(Sample::throughput).collect());
             rows.push(Row {
@@ -181,7 +240,9 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
                 cells,
                 duplicates,
             });
-            if size == purge_at && purge_records > 0 {
+            if size == purge_at && purge_records > 0 && backend == Backend::RedisCluster {
+                notes.push(format!("{}: not purged.", backend.name()));
+            } else if size == purge_at && purge_records > 0 {
                 run_id += 1;
                 match purge(
                     &handle,
@@ -207,7 +268,7 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
             }
         }
     }
-    print(&rows, &purges, &sizes);
+    print(&rows, &purges, &sizes, &notes);
     cleanup().await;
     println!(
         "This run took {:.0} minutes.\n",
@@ -215,26 +276,38 @@ pub(crate) async fn run(cfg: &Config, services: &str) {
     );
 }
 
-/// Frees what the loads took: the bench's PostgreSQL table and Redis database are emptied (the
-/// SQLite files go with the scratch directory).
+/// Frees what the loads took, in the selected stores only: the bench's PostgreSQL table and Redis
+/// database are emptied, the cluster's keys under [`CLUSTER_PREFIX`] deleted (the SQLite files go
+/// with the scratch directory).
 async fn cleanup() {
-    if let Ok(pool) = sqlx::PgPool::connect(&format!(
-        "{}/idem_bench?sslmode=disable",
-        stores::postgres_base()
-    ))
-    .await
-    {
-        let _ = sqlx::query("TRUNCATE idem.records").execute(&pool).await;
+    if stores::selected(Backend::Postgres) {
+        if let Ok(pool) = sqlx::PgPool::connect(&format!(
+            "{}/idem_bench?sslmode=disable",
+            stores::postgres_base()
+        ))
+        .await
+        {
+            let _ = sqlx::query("TRUNCATE idem.records").execute(&pool).await;
+        }
     }
-    if let Ok(client) = redis::Client::open(stores::redis_url()) {
-        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-            let _ = redis::cmd("FLUSHDB").query_async::<()>(&mut conn).await;
+    if stores::selected(Backend::Redis) {
+        if let Ok(client) = redis::Client::open(stores::redis_url()) {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let _ = redis::cmd("FLUSHDB").query_async::<()>(&mut conn).await;
+            }
+        }
+    }
+    if stores::selected(Backend::RedisCluster) {
+        if let Ok((_, conn)) = stores::redis_cluster(CLUSTER_PREFIX).await {
+            if let Err(e) = seed::clear_cluster(&conn, CLUSTER_PREFIX).await {
+                eprintln!("Redis Cluster: keys under {CLUSTER_PREFIX} left: {e}");
+            }
         }
     }
 }
 
-/// The store, empty, and the URL the loads reach it with.
-async fn open(backend: Backend) -> Option<(Handle, String)> {
+/// The store, empty, and the URL the loads reach it with; else why not.
+async fn open(backend: Backend) -> Result<(Handle, String), String> {
     match backend {
         Backend::Sqlite => {
             let path = stores::scratch().join("scale.db");
@@ -242,30 +315,29 @@ async fn open(backend: Backend) -> Option<(Handle, String)> {
                 let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
             }
             let url = format!("sqlite://{}?mode=rwc", path.display());
-            match idem_runtime::store::sqlite::SqliteStore::connect(&url).await {
-                Ok(s) => Some((Handle::Sqlite(Arc::new(s)), url)),
-                Err(e) => {
-                    eprintln!("skipping SQLite: {e}");
-                    None
-                }
-            }
+            let store = idem_runtime::store::sqlite::SqliteStore::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((Handle::Sqlite(Arc::new(store)), url))
         }
-        Backend::Postgres => match stores::postgres(None).await {
-            Ok(s) => Some((Handle::Postgres(s), String::new())),
-            Err(e) => {
-                eprintln!("skipping PostgreSQL: {e}");
-                None
+        Backend::Postgres => Ok((
+            Handle::Postgres(stores::postgres(None).await?),
+            String::new(),
+        )),
+        Backend::Redis => {
+            let (s, c) = stores::redis(None).await?;
+            Ok((Handle::Redis(s, c), String::new()))
+        }
+        Backend::RedisCluster => {
+            let (s, c) = stores::redis_cluster(CLUSTER_PREFIX).await?;
+            let left = seed::clear_cluster(&c, CLUSTER_PREFIX).await?;
+            if left > 0 {
+                eprintln!("Redis Cluster: deleted {left} keys an earlier run left");
             }
-        },
-        Backend::Redis => match stores::redis(None).await {
-            Ok((s, c)) => Some((Handle::Redis(s, c), String::new())),
-            Err(e) => {
-                eprintln!("skipping Redis: {e}");
-                None
-            }
-        },
+            Ok((Handle::RedisCluster(s, c), String::new()))
+        }
         // Neither seeded nor measured at scale yet.
-        Backend::Memory | Backend::Mysql => None,
+        Backend::Memory | Backend::Mysql => Err("not measured at scale".to_owned()),
     }
 }
 
@@ -281,7 +353,15 @@ async fn load(
     match handle {
         Handle::Sqlite(_) => seed::sqlite(url, set, from, to).await,
         Handle::Postgres(s) => seed::postgres(s.pool(), set, from, to).await,
-        Handle::Redis(s, conn) => seed::redis(conn, s.prefix(), set, from, to, retain_at).await,
+        Handle::Redis(s, conn) => {
+            let nodes = [conn.clone()];
+            seed::redis(&nodes, |_| 0, s.prefix(), set, from, to, retain_at).await
+        }
+        Handle::RedisCluster(s, conn) => {
+            let (nodes, owner) = seed::primaries(conn).await?;
+            let node_of = |key: &[u8]| owner[seed::slot(key)];
+            seed::redis(&nodes, node_of, s.prefix(), set, from, to, retain_at).await
+        }
         Handle::Memory(_) => Ok(()),
         Handle::Mysql(_) => Err("the scale section does not seed MySQL yet".to_owned()),
     }
@@ -310,6 +390,50 @@ async fn measure(engine: &Engine, floor: &Floor, seeded: u64, run_id: u64, cfg: 
         }
     }
     cells
+}
+
+/// New keys and replays over HTTP at [`CONCURRENCY`] keep-alive connections to `addr`'s idem
+/// route, interleaved in each round, after [`HTTP_KEYS`] keys are completed there for the replays
+/// (over as many connections); one sample per cell and round. `run_id` keeps the keys apart.
+async fn measure_http(
+    addr: SocketAddr,
+    run_id: u64,
+    cfg: &Config,
+) -> Result<(Vec<Sample>, Vec<Sample>), String> {
+    let keys: Vec<String> = (0..HTTP_KEYS).map(|i| format!("h{run_id}-{i}")).collect();
+    let mut seeding = tokio::task::JoinSet::new();
+    for chunk in keys.chunks(HTTP_KEYS.div_ceil(CONCURRENCY)) {
+        let chunk = chunk.to_vec();
+        seeding.spawn(async move { http::complete(addr, "/idem", None, &chunk).await });
+    }
+    while let Some(done) = seeding.join_next().await {
+        done.map_err(|e| e.to_string())??;
+    }
+    let (keys, bounds) = (
+        Arc::new(keys),
+        Bounds {
+            time: cfg.cell(),
+            requests: u64::MAX,
+        },
+    );
+    let (mut new, mut replay) = (Vec::new(), Vec::new());
+    for round in 0..cfg.rounds {
+        eprintln!("  HTTP round {} of {}", round + 1, cfg.rounds);
+        let fresh = Keys::Fresh(format!("n{run_id}.{round}").into());
+        let open = |keys| Connections::open(addr, "/idem", keys, CONCURRENCY);
+        let mut loads: Vec<(bool, Box<dyn Sliced>)> = vec![
+            (false, Box::new(open(fresh).await)),
+            (true, Box::new(open(Keys::Replay(keys.clone())).await)),
+        ];
+        interleaved(&mut loads, bounds).await;
+        for (is_replay, load) in loads {
+            match is_replay {
+                true => replay.push(load.into_sample()),
+                false => new.push(load.into_sample()),
+            }
+        }
+    }
+    Ok((new, replay))
 }
 
 /// One round's four cells: new keys at random places in the seeded scopes (`run_id` and `round`
@@ -512,6 +636,7 @@ impl Handle {
             Handle::Postgres(s) => s.clone(),
             Handle::Redis(s, _) => s.clone(),
             Handle::Mysql(s) => s.clone(),
+            Handle::RedisCluster(s, _) => s.clone(),
         }
     }
 }
@@ -585,6 +710,78 @@ fn count(n: u64) -> String {
     }
 }
 
+/// The HTTP rows: each store's engine behind the HTTP section's handler, at each size.
+fn print_http(rows: &[Row], sizes: &[u64]) {
+    println!("### Records already stored, over HTTP\n");
+    println!(
+        "Requests per second at {CONCURRENCY} keep-alive connections (median of the rounds), with \
+         p50 / p99 / p99.9 latency over every round's requests, to the HTTP section's \
+         `#[idempotent]` handler served on the engine of the store above, at each size after its \
+         store-level cells (new keys and replays interleaved with each other only). A new key is a \
+         `POST` under a key never sent. A replay sends one of {HTTP_KEYS} keys completed over HTTP \
+         at the start of that size: records that exist at that size, but the newest, written by \
+         this process moments before, all in the handler's one scope (`scope = \"global\"`), as \
+         are the new keys, where the store-level cells spread over the seeded scopes. On SQLite a \
+         key this process claimed lately may take the store's faster path (its claim reads first, \
+         without the write lock), which the bulk-loaded records the store-level replays read never \
+         take: the HTTP replays show a client's retry of a recent request, not the replay of an \
+         old record. \"Keeps\" is the cell's rate at this size against the same cell on the \
+         smallest; the goal at the largest size is that it keeps at least what the store's floor \
+         keeps in the table above, less 5 points.\n"
+    );
+    println!("| store, cell | records | req/s | p50 / p99 / p99.9 | keeps | floor keeps | goal | failed |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut verdicts = Vec::new();
+    for (label, floor_of, _, http_of) in OPERATIONS {
+        for backend in BACKENDS {
+            let store_rows: Vec<&Row> = rows.iter().filter(|r| r.backend == backend).collect();
+            let Some(first) = store_rows.first() else {
+                continue;
+            };
+            let (h0, f0) = (
+                throughput(http_of(&first.cells)),
+                throughput(floor_of(&first.cells)),
+            );
+            for row in &store_rows {
+                let hs = http_of(&row.cells);
+                let name = format!("{}, HTTP {label}", backend.name());
+                if hs.is_empty() {
+                    println!("| {name} | {} | not run | | | | | |", count(row.size));
+                    continue;
+                }
+                let h = throughput(hs);
+                let (hk, fk) = (
+                    h / h0.max(1e-9),
+                    throughput(floor_of(&row.cells)) / f0.max(1e-9),
+                );
+                let goal = if row.size == largest(backend, sizes) && row.size != first.size {
+                    let (word, line) = goal(&name, hk, fk);
+                    verdicts.push(line);
+                    word
+                } else {
+                    ""
+                };
+                println!(
+                    "| {name} | {} | {} | {} | {} | {} | {goal} | {} |",
+                    count(row.size),
+                    rate(h),
+                    tails(&Sample::pooled(hs)),
+                    pct(hk),
+                    pct(fk),
+                    hs.iter().map(|s| s.errors).sum::<u64>(),
+                );
+            }
+        }
+    }
+    println!();
+    for v in &verdicts {
+        println!("- {v}");
+    }
+    if !verdicts.is_empty() {
+        println!();
+    }
+}
+
 fn print_tails(variants: &[Vec<Sample>]) {
     println!("### SQLite new keys: the batching writer's tail\n");
     println!(
@@ -596,7 +793,7 @@ fn print_tails(variants: &[Vec<Sample>]) {
     println!("|---|---|---|---|---|---|---|---|");
     let base = variants.first().map_or(0.0, |v| throughput(v));
     for (name, samples) in tails::VARIANTS.iter().zip(variants) {
-        let all = pooled(samples);
+        let all = Sample::pooled(samples);
         let (p50, p99) = (all.quantile(0.5), all.quantile(0.99));
         println!(
             "| {name} | {} | {} | {} | {} | {} | {:.1} | {} |",
@@ -612,33 +809,58 @@ fn print_tails(variants: &[Vec<Sample>]) {
     println!();
 }
 
-/// Every round's latencies together, sorted.
-fn pooled(samples: &[Sample]) -> Sample {
-    let mut all = Sample::default();
-    for s in samples {
-        all.ok += s.ok;
-        all.errors += s.errors;
-        all.elapsed += s.elapsed;
-        all.latencies.extend_from_slice(&s.latencies);
-    }
-    all.latencies.sort_unstable();
-    all
-}
-
-fn tails(s: &Sample) -> String {
-    format!(
-        "{} / {} / {}",
-        dur(s.quantile(0.5)),
-        dur(s.quantile(0.99)),
-        dur(s.quantile(0.999))
-    )
-}
-
 fn throughput(samples: &[Sample]) -> f64 {
     median(samples.iter().map(Sample::throughput).collect())
 }
 
-fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
+/// The largest size `backend` is measured at.
+fn largest(backend: Backend, sizes: &[u64]) -> u64 {
+    let cap = if backend == Backend::RedisCluster {
+        CLUSTER_MAX
+    } else {
+        u64::MAX
+    };
+    sizes
+        .iter()
+        .copied()
+        .filter(|&n| n <= cap)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The goal at a store's largest size: a cell keeps at least what the floor keeps less 5 points.
+/// The table's word for it, and the verdict line.
+fn goal(what: &str, keeps: f64, floor_keeps: f64) -> (&'static str, String) {
+    let need = floor_keeps - 0.05;
+    let word = if keeps >= need { "met" } else { "**not met**" };
+    let line = format!(
+        "{what} keeps {} against the floor's {} (needs {}): {word}",
+        pct(keeps),
+        pct(floor_keeps),
+        pct(need)
+    );
+    (word, line)
+}
+
+type CellOf = fn(&Cells) -> &Vec<Sample>;
+
+/// The store-level cells, as (label, floor, engine, over HTTP).
+const OPERATIONS: [(&str, CellOf, CellOf, CellOf); 2] = [
+    (
+        "new key",
+        |c| &c.floor_new,
+        |c| &c.engine_new,
+        |c| &c.http_new,
+    ),
+    (
+        "replay",
+        |c| &c.floor_replay,
+        |c| &c.engine_replay,
+        |c| &c.http_replay,
+    ),
+];
+
+fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64], notes: &[String]) {
     println!("### Records already stored\n");
     println!(
         "Operations per second at {CONCURRENCY} concurrent operations, no HTTP (median of the rounds), \
@@ -646,30 +868,20 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
          completion through its engine, against the floor: the claim's insert and the fenced \
          completing update written directly on the store's own pool. A replay reads a random \
          seeded completed record: through idem's engine, against the floor's own read of it (on \
-         PostgreSQL and Redis, the claim command idem sends). \"Keeps\" is the cell's rate at this \
-         size against the same cell on the smallest; the goal at the largest size is that idem keeps \
-         at least what its floor keeps less 5 points, and at least 85% where the floor keeps 95% or \
+         PostgreSQL and Redis, the claim command idem sends; on the Redis Cluster, the same \
+         commands through the same cluster client). \"Keeps\" is the cell's rate at this size \
+         against the same cell on the smallest; the goal at the largest size is that idem keeps at \
+         least what its floor keeps less 5 points, and at least 85% where the floor keeps 95% or \
          more. Size 0 holds the replays' {MIN_SEEDED} records.\n"
     );
     println!(
         "| store, cell | records | floor, ops/s | floor p50 / p99 / p99.9 | idem, ops/s | idem p50 / p99 / p99.9 | idem vs floor | floor keeps | idem keeps | goal | failed: floor, idem |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let largest = *sizes.last().unwrap_or(&0);
+    let failed = |v: &[Sample]| v.iter().map(|s| s.errors).sum::<u64>();
     let mut verdicts = Vec::new();
-    for (label, floor_of, engine_of) in [
-        (
-            "new key",
-            (|c: &Cells| &c.floor_new) as fn(&Cells) -> &Vec<Sample>,
-            (|c: &Cells| &c.engine_new) as fn(&Cells) -> &Vec<Sample>,
-        ),
-        (
-            "replay",
-            |c: &Cells| &c.floor_replay,
-            |c: &Cells| &c.engine_replay,
-        ),
-    ] {
-        for backend in [Backend::Sqlite, Backend::Postgres, Backend::Redis] {
+    for (label, floor_of, engine_of, _) in OPERATIONS {
+        for backend in BACKENDS {
             let store_rows: Vec<&Row> = rows.iter().filter(|r| r.backend == backend).collect();
             let Some(first) = store_rows.first() else {
                 continue;
@@ -682,30 +894,21 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
                 let (fs, es) = (floor_of(&row.cells), engine_of(&row.cells));
                 let (f, e) = (throughput(fs), throughput(es));
                 let (fk, ek) = (f / f0.max(1e-9), e / e0.max(1e-9));
-                let goal = if row.size == largest && row.size != first.size {
-                    let need = fk - 0.05;
-                    let met = ek >= need;
-                    verdicts.push(format!(
-                        "{}, {label}: idem keeps {} against the floor's {} (needs {}): {}",
-                        backend.name(),
-                        pct(ek),
-                        pct(fk),
-                        pct(need),
-                        if met { "met" } else { "**not met**" }
-                    ));
-                    if met { "met" } else { "**not met**" }.to_owned()
+                let goal = if row.size == largest(backend, sizes) && row.size != first.size {
+                    let (word, line) = goal(&format!("{}, {label}: idem", backend.name()), ek, fk);
+                    verdicts.push(line);
+                    word
                 } else {
-                    String::new()
+                    ""
                 };
-                let failed = |v: &[Sample]| v.iter().map(|s| s.errors).sum::<u64>();
                 println!(
                     "| {}, {label} | {} | {} | {} | {} | {} | {} | {} | {} | {goal} | {}, {} |",
                     backend.name(),
                     count(row.size),
                     rate(f),
-                    tails(&pooled(fs)),
+                    tails(&Sample::pooled(fs)),
                     rate(e),
-                    tails(&pooled(es)),
+                    tails(&Sample::pooled(es)),
                     pct(e / f.max(1e-9)),
                     pct(fk),
                     pct(ek),
@@ -732,7 +935,11 @@ fn print(rows: &[Row], purges: &[PurgeRow], sizes: &[u64]) {
     for v in &verdicts {
         println!("- {v}");
     }
+    for n in notes {
+        println!("- {n}");
+    }
     println!();
+    print_http(rows, sizes);
 
     println!("### Loading the records\n");
     println!("Each store's bulk load in its own format (a larger size extends the smaller one).\n");

@@ -9,13 +9,12 @@
 
 use crate::floors::{self, Floor};
 use crate::load::{interleaved, Bounds, Ops, Sample, Sliced};
-use crate::report::{dur, median, pct, rate, Config};
+use crate::report::{median, pct, rate, tails, Config};
 use crate::stores::{Backend, Handle};
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::Engine;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 const CONCURRENCY: [usize; 2] = [1, 16];
 const REPLAY_KEYS: usize = 256;
@@ -145,7 +144,8 @@ fn replay_key(n: u64) -> String {
 fn print(targets: &[(Backend, Engine, Floor)], cells: &Cells) {
     println!("## Store level: idem's engine against the store's direct floor\n");
     println!(
-        "Operations per second (median over the rounds; p50 in brackets) without HTTP: a new key is \
+        "Operations per second (median over the rounds), with p50 / p99 / p99.9 latency over every \
+         round's operations, without HTTP: a new key is \
          idem's claim then completion through its engine, against the floor, the same claim and \
          fenced completion written directly (a `Mutex<HashMap>` for memory, raw SQL on the store's \
          own pool and table, raw Redis commands); a replay is idem's lookup of a completed key, \
@@ -158,17 +158,17 @@ fn print(targets: &[(Backend, Engine, Floor)], cells: &Cells) {
     );
     print!("| store, operation |");
     for c in CONCURRENCY {
-        print!(" {c} conn: floor | {c} conn: engine | engine vs floor |");
+        print!(
+            " {c} conn: floor | p50 / p99 / p99.9 | {c} conn: engine | p50 / p99 / p99.9 | engine vs floor |"
+        );
     }
     println!();
-    println!("|---|{}", "---|---|---|".repeat(CONCURRENCY.len()));
+    println!("|---|{}", "---|---|---|---|---|".repeat(CONCURRENCY.len()));
     let med = |key| {
         let samples: &[Sample] = cells.get(&key).map_or(&[], Vec::as_slice);
         (
             median(samples.iter().map(Sample::throughput).collect()),
-            Duration::from_secs_f64(median(
-                samples.iter().map(|s| s.p50().as_secs_f64()).collect(),
-            )),
+            tails(&Sample::pooled(samples)),
         )
     };
     let mut verdicts = Vec::new();
@@ -184,11 +184,9 @@ fn print(targets: &[(Backend, Engine, Floor)], cells: &Cells) {
                 let (e, ep) = med((n, engine, c));
                 let ratio = e / f.max(1e-9);
                 line += &format!(
-                    " {} ({}) | {} ({}) | {} |",
+                    " {} | {fp} | {} | {ep} | {} |",
                     rate(f),
-                    dur(fp),
                     rate(e),
-                    dur(ep),
                     pct(ratio)
                 );
                 if *backend == Backend::Memory {

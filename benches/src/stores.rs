@@ -3,7 +3,7 @@
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::mysql::MySqlStore;
 use idem_runtime::store::postgres::PostgresStore;
-use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::redis::{RedisClusterStore, RedisStore};
 use idem_runtime::store::sqlite::SqliteStore;
 use idem_runtime::store::Store;
 use std::net::SocketAddr;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// Whether the MySQL store's server is MariaDB (set when the bench reaches it).
 static MARIADB: AtomicBool = AtomicBool::new(false);
 
-/// The five backends.
+/// The backends (the Redis Cluster only in the `scale` section: `cluster` reaches it itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
     Memory,
@@ -22,6 +22,7 @@ pub(crate) enum Backend {
     Postgres,
     Mysql,
     Redis,
+    RedisCluster,
 }
 
 impl Backend {
@@ -34,6 +35,7 @@ impl Backend {
             Backend::Mysql if MARIADB.load(Ordering::Relaxed) => "MariaDB",
             Backend::Mysql => "MySQL",
             Backend::Redis => "Redis",
+            Backend::RedisCluster => "Redis Cluster",
         }
     }
 
@@ -45,6 +47,7 @@ impl Backend {
             Backend::Postgres => "postgres",
             Backend::Mysql => "mysql",
             Backend::Redis => "redis",
+            Backend::RedisCluster => "redis-cluster",
         }
     }
 }
@@ -57,6 +60,10 @@ pub(crate) enum Handle {
     Postgres(Arc<PostgresStore>),
     Mysql(Arc<MySqlStore>),
     Redis(Arc<RedisStore>, redis::aio::ConnectionManager),
+    RedisCluster(
+        Arc<RedisClusterStore>,
+        redis::cluster_async::ClusterConnection,
+    ),
 }
 
 impl Handle {
@@ -67,6 +74,46 @@ impl Handle {
             Handle::Postgres(s) => s.clone(),
             Handle::Mysql(s) => s.clone(),
             Handle::Redis(s, _) => s.clone(),
+            Handle::RedisCluster(s, _) => s.clone(),
+        }
+    }
+}
+
+/// A connection to one Redis server or to a cluster, for the floors' commands: the cluster
+/// connection routes each command by its key.
+#[derive(Clone)]
+pub(crate) enum RedisConn {
+    One(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            RedisConn::One(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            RedisConn::One(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::One(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -221,8 +268,47 @@ pub(crate) async fn redis(
     Ok((Arc::new(store), conn))
 }
 
+/// The Redis Cluster's seed nodes, from `IDEM_BENCH_REDIS_CLUSTER_URL`
+/// (`redis-cluster://host:port[,host:port…]`; default `.ci/redis-cluster`'s on 7000-7002): the URL
+/// and each node's `redis://` URL.
+pub(crate) fn redis_cluster_seeds() -> (String, Vec<String>) {
+    let url = std::env::var("IDEM_BENCH_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
+        "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned()
+    });
+    let seeds = url
+        .trim_start_matches("redis-cluster://")
+        .split(',')
+        .map(|node| format!("redis://{node}"))
+        .collect();
+    (url, seeds)
+}
+
+/// The Redis Cluster store under `prefix`, and a cluster connection for floors and loads; the
+/// caller empties the prefix.
+pub(crate) async fn redis_cluster(
+    prefix: &str,
+) -> Result<
+    (
+        Arc<RedisClusterStore>,
+        redis::cluster_async::ClusterConnection,
+    ),
+    String,
+> {
+    let (url, seeds) = redis_cluster_seeds();
+    let unreachable =
+        |e: redis::RedisError| format!("no cluster at {url} (`.ci/redis-cluster start`): {e}");
+    let client = redis::cluster::ClusterClient::new(seeds.clone()).map_err(unreachable)?;
+    let conn = client.get_async_connection().await.map_err(unreachable)?;
+    let store = RedisClusterStore::builder(seeds)
+        .prefix(prefix)
+        .connect()
+        .await
+        .map_err(unreachable)?;
+    Ok((Arc::new(store), conn))
+}
+
 /// Whether `IDEM_BENCH_STORES` (a comma-separated list of `memory`, `sqlite`, `postgres`, `mysql`,
-/// `redis`; unset or empty: all) selects `backend`.
+/// `redis`, `redis-cluster`; unset or empty: all) selects `backend`.
 pub(crate) fn selected(backend: Backend) -> bool {
     let list = std::env::var("IDEM_BENCH_STORES").unwrap_or_default();
     let name = backend.id();

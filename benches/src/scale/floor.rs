@@ -1,11 +1,12 @@
 //! Each store's floor at scale: the store section's floor (`floors.rs`: a claim's insert and the
 //! fenced completing update written directly; a replay read by primary key, or on PostgreSQL and
 //! Redis through the claim command idem sends), here on any scope and on the seeded records, so
-//! that the floor meets the same table or keyspace as the engine.
+//! that the floor meets the same table or keyspace as the engine. On a Redis Cluster the same
+//! commands go through the cluster connection, which routes each by its key.
 
 use super::seed::{self, HEADERS_JSON};
 use crate::floors;
-use crate::stores::Handle;
+use crate::stores::{Handle, RedisConn};
 use idem_runtime::FencingToken;
 use sqlx::Row;
 use std::sync::LazyLock;
@@ -16,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub(crate) enum Floor {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
-    Redis(redis::aio::ConnectionManager, String),
+    Redis(RedisConn, String),
 }
 
 fn now_ms() -> i64 {
@@ -49,7 +50,14 @@ impl Floor {
         match handle {
             Handle::Sqlite(s) => Some(Floor::Sqlite(s.pool().clone())),
             Handle::Postgres(s) => Some(Floor::Postgres(s.pool().clone())),
-            Handle::Redis(s, c) => Some(Floor::Redis(c.clone(), s.prefix().to_owned())),
+            Handle::Redis(s, c) => Some(Floor::Redis(
+                RedisConn::One(c.clone()),
+                s.prefix().to_owned(),
+            )),
+            Handle::RedisCluster(s, c) => Some(Floor::Redis(
+                RedisConn::Cluster(c.clone()),
+                s.prefix().to_owned(),
+            )),
             Handle::Memory(_) | Handle::Mysql(_) => None,
         }
     }

@@ -1,6 +1,6 @@
 //! Bulk loads in each store's own format: the records a store holds before a measurement, written
 //! directly (one server-side `INSERT … SELECT` per chunk on SQLite and PostgreSQL, pipelined `SET`s
-//! on Redis), never through idem.
+//! on Redis, each primary's share pipelined to it directly on a Redis Cluster), never through idem.
 //!
 //! Record `i` (numbered from 0, so a larger size extends a smaller one) is in scope
 //! `tenant-<i % 16>` under key `<8 hex digits of a multiplicative hash of i>-<i>`, so keys spread
@@ -271,16 +271,22 @@ fn redis_value(set: Set, i: u64, now: i64, retain_at: Option<i64>) -> (Vec<u8>, 
 }
 
 /// Writes records `from..to` of `set` under `prefix`, each a `SET … PXAT <retention>` as the
-/// store's claim and completion leave it, in pipelines of 1,000, eight in flight. `retain_at`
-/// overrides every record's retention (the purge's records, which must still exist when written).
-pub(crate) async fn redis(
-    conn: &redis::aio::ConnectionManager,
+/// store's claim and completion leave it, in pipelines of 1,000 records (split among `nodes`: one
+/// server, or a cluster's primaries, each key on the node `node_of` names), eight per node in
+/// flight. `retain_at` overrides every record's retention (the purge's records, which must still
+/// exist when written).
+pub(crate) async fn redis<C>(
+    nodes: &[C],
+    node_of: impl Fn(&[u8]) -> usize,
     prefix: &str,
     set: Set,
     from: u64,
     to: u64,
     retain_at: Option<i64>,
-) -> Result<(), String> {
+) -> Result<(), String>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + 'static,
+{
     const PIPE: u64 = 1_000;
     const IN_FLIGHT: usize = 8;
     let (now, started) = (now_ms(), Instant::now());
@@ -289,19 +295,26 @@ pub(crate) async fn redis(
     let mut reported = from;
     while at < to {
         let end = (at + PIPE).min(to);
-        let mut pipe = redis::pipe();
+        let mut pipes: Vec<redis::Pipeline> = nodes.iter().map(|_| redis::pipe()).collect();
         for i in at..end {
             let (value, retain) = redis_value(set, i, now, retain_at);
-            pipe.cmd("SET")
-                .arg(redis_key(prefix, &scope(set, i), &key(i)))
+            let k = redis_key(prefix, &scope(set, i), &key(i));
+            pipes[node_of(k.as_bytes())]
+                .cmd("SET")
+                .arg(k)
                 .arg(value)
                 .arg("PXAT")
                 .arg(retain)
                 .ignore();
         }
-        let mut conn = conn.clone();
-        pending.spawn(async move { pipe.query_async::<()>(&mut conn).await });
-        while pending.len() >= IN_FLIGHT {
+        for (pipe, conn) in pipes.into_iter().zip(nodes) {
+            if pipe.is_empty() {
+                continue;
+            }
+            let mut conn = conn.clone();
+            pending.spawn(async move { pipe.query_async::<()>(&mut conn).await });
+        }
+        while pending.len() >= IN_FLIGHT * nodes.len() {
             if let Some(done) = pending.join_next().await {
                 done.map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;
@@ -320,7 +333,145 @@ pub(crate) async fn redis(
     Ok(())
 }
 
+/// The slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the text between the first `{`
+/// and the next `}`, if not empty) or of the whole key, modulo [`SLOTS`].
+pub(crate) fn slot(key: &[u8]) -> usize {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&len| len > 0)
+                .map(|len| &rest[..len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    usize::from(crc) % SLOTS
+}
+
+/// A cluster's primaries, each connected directly, and for each slot the index of the primary
+/// that serves it (`CLUSTER SLOTS`): what lets a load pipeline each primary's share of the keys
+/// (the cluster connection refuses a pipeline over several slots).
+pub(crate) async fn primaries(
+    conn: &redis::cluster_async::ClusterConnection,
+) -> Result<(Vec<redis::aio::MultiplexedConnection>, Vec<usize>), String> {
+    let mut conn = conn.clone();
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
+    let (mut addrs, mut nodes, mut owner) = (Vec::new(), Vec::new(), vec![usize::MAX; SLOTS]);
+    let bad = |e: redis::RedisError| format!("CLUSTER SLOTS: {e}");
+    for range in &ranges {
+        let [start, end, primary, ..] = range.as_slice() else {
+            return Err("CLUSTER SLOTS: a range without a primary".to_owned());
+        };
+        let node: Vec<redis::Value> = redis::from_redis_value(primary).map_err(bad)?;
+        let [host, port, ..] = node.as_slice() else {
+            return Err("CLUSTER SLOTS: a primary without an address".to_owned());
+        };
+        let start: usize = redis::from_redis_value(start).map_err(bad)?;
+        let end: usize = redis::from_redis_value(end).map_err(bad)?;
+        let host: String = redis::from_redis_value(host).map_err(bad)?;
+        let port: u16 = redis::from_redis_value(port).map_err(bad)?;
+        let addr = format!("{host}:{port}");
+        let index = match addrs.iter().position(|a| *a == addr) {
+            Some(i) => i,
+            None => {
+                let client =
+                    redis::Client::open(format!("redis://{addr}")).map_err(|e| e.to_string())?;
+                nodes.push(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(|e| format!("{addr}: {e}"))?,
+                );
+                addrs.push(addr);
+                addrs.len() - 1
+            }
+        };
+        for slot in owner.iter_mut().take(end.min(SLOTS - 1) + 1).skip(start) {
+            *slot = index;
+        }
+    }
+    if owner.contains(&usize::MAX) {
+        return Err("CLUSTER SLOTS: some slots have no primary".to_owned());
+    }
+    Ok((nodes, owner))
+}
+
+/// Deletes every key under `prefix` on each of the cluster's primaries (`SCAN` and `UNLINK`, one
+/// key per command: a node refuses a command over several slots).
+pub(crate) async fn clear_cluster(
+    conn: &redis::cluster_async::ClusterConnection,
+    prefix: &str,
+) -> Result<u64, String> {
+    let (nodes, _) = primaries(conn).await?;
+    let mut deleted = 0;
+    for mut node in nodes {
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut node)
+                .await
+                .map_err(|e| format!("SCAN: {e}"))?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                for k in &keys {
+                    pipe.cmd("UNLINK").arg(k).ignore();
+                }
+                pipe.query_async::<()>(&mut node)
+                    .await
+                    .map_err(|e| format!("UNLINK: {e}"))?;
+                deleted += keys.len() as u64;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(deleted)
+}
+
 /// How long a load of `n` took, for the report.
 pub(crate) fn rate(n: u64, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64().max(1e-9)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The slots Redis itself gives (`CLUSTER KEYSLOT`): the load sends each key to the primary
+    /// that serves it, or the pipeline fails.
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        assert_eq!(super::slot(b"foo"), 12_182);
+        assert_eq!(super::slot(b"123456789"), 0x31C3);
+        assert_eq!(
+            super::slot(b"{user1000}.following"),
+            super::slot(b"user1000")
+        );
+        assert_eq!(super::slot(b"a{bc}d"), super::slot(b"bc"));
+    }
 }
