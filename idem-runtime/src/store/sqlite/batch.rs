@@ -20,6 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 pub(super) struct Batcher {
     writes: mpsc::UnboundedSender<Write>,
     reads: mpsc::UnboundedSender<Read>,
+    /// Set when anything grew the log since the checkpointer's last turn.
+    wrote: Arc<AtomicBool>,
 }
 
 impl Batcher {
@@ -29,10 +31,19 @@ impl Batcher {
         let (writes, queue) = mpsc::unbounded_channel();
         let wrote = Arc::new(AtomicBool::new(false));
         tokio::spawn(checkpoints(pool.clone(), Arc::downgrade(&wrote)));
-        tokio::spawn(write_batches(pool.clone(), gate, queue, wrote));
+        tokio::spawn(write_batches(pool.clone(), gate, queue, wrote.clone()));
         let (reads, queue) = mpsc::unbounded_channel();
         tokio::spawn(read_batches(pool.clone(), queue));
-        Self { writes, reads }
+        Self {
+            writes,
+            reads,
+            wrote,
+        }
+    }
+
+    /// Tells the checkpointer that a write outside the writer (a purge) grew the log.
+    pub(super) fn wrote(&self) {
+        self.wrote.store(true, Ordering::Relaxed);
     }
 
     /// The row of `key`, past retention or not, read with the lookups queued beside it.

@@ -766,12 +766,30 @@ impl Purge for SqliteStore {
         let now = self.clock.now();
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         let _gate = self.shared.write_gate.lock().await;
-        let done = sqlx::query(PURGE)
-            .bind(now.as_millis())
-            .bind(limit)
-            .execute(&self.pool)
+        let purge = sqlx::query(PURGE).bind(now.as_millis()).bind(limit);
+        let Some(batcher) = &self.batcher else {
+            return Ok(purge.execute(&self.pool).await?.rows_affected());
+        };
+        // A batch deletes rows all over the key index, so its commit is the one that crosses
+        // SQLite's automatic checkpoint threshold, and would flush the log while the requests'
+        // writes wait for the gate. As for the writer, the checkpointer does that instead.
+        let mut conn = self.pool.acquire().await?;
+        let before: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+            .fetch_one(&mut *conn)
             .await?;
-        Ok(done.rows_affected())
+        sqlx::query("PRAGMA wal_autocheckpoint = 0")
+            .execute(&mut *conn)
+            .await?;
+        let done = purge.execute(&mut *conn).await;
+        let restored = sqlx::query(&format!("PRAGMA wal_autocheckpoint = {before}"))
+            .execute(&mut *conn)
+            .await;
+        if restored.is_err() {
+            // Not back in the pool with its checkpoints off.
+            conn.close_on_drop();
+        }
+        batcher.wrote();
+        Ok(done?.rows_affected())
     }
 }
 
@@ -842,6 +860,41 @@ mod tests {
             .await
             .expect("busy_timeout");
         assert_eq!(busy, 5000);
+    }
+
+    /// The purge turns its connection's automatic checkpoints off for its statement only: every
+    /// connection the pool hands out afterwards checkpoints as it did before.
+    #[tokio::test]
+    async fn a_purge_gives_its_connection_back_as_it_found_it() {
+        let (_dir, _url, store) = temp_store().await;
+        sqlx::query(
+            r#"
+            WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 2499)
+            INSERT INTO idem_records
+                (scope, key, fingerprint, token, created_at, expires_at, retain_until, state)
+            SELECT 'old', 'k' || i, zeroblob(32), i, 0, 10, 20, 'completed' FROM n
+            "#,
+        )
+        .execute(store.pool())
+        .await
+        .expect("bulk insert");
+        let mut purged = 0;
+        for _ in 0..3 {
+            purged += store.purge_expired(1_000).await.expect("purge");
+        }
+        assert_eq!(purged, 2_500);
+        let size = store.pool().size() as usize;
+        let mut held = Vec::new();
+        for _ in 0..size {
+            held.push(store.pool().acquire().await.expect("acquire"));
+        }
+        for conn in &mut held {
+            let every: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+                .fetch_one(&mut **conn)
+                .await
+                .expect("wal_autocheckpoint");
+            assert_eq!(every, 1_000, "SQLite's default, as the pool opened it");
+        }
     }
 
     /// With 10k rows, the purge finds its batch through the retain_until index and lookups go by
