@@ -5,7 +5,7 @@
 //! use std::{sync::Arc, time::Duration};
 //! # #[tokio::main] async fn main() {
 //! let store = Arc::new(MemoryStore::new());
-//! let sweeper = Sweeper::new(store.clone()).interval(Duration::from_secs(60)).batch_size(1_000);
+//! let sweeper = Sweeper::new(store.clone()).interval(Duration::from_secs(60)).batch_size(200);
 //! tokio::spawn(sweeper.run());
 //! # }
 //! ```
@@ -17,6 +17,10 @@ use std::time::Duration;
 /// After each full batch the sweeper pauses this many times as long as the batch took: it then
 /// takes at most a quarter of the store's time, whatever the backlog.
 pub const PAUSE_PER_BATCH: u32 = 3;
+
+/// How many records one batch deletes by default: small enough that a request's write waiting
+/// behind a batch waits little longer than it would behind another request's.
+const DEFAULT_BATCH: usize = 200;
 
 /// Deletes records past retention: `batch_size` at a time, pausing after each batch three times as
 /// long as it took, so that a backlog is purged with at most a quarter of the store's time and
@@ -37,13 +41,13 @@ impl std::fmt::Debug for Sweeper {
 }
 
 impl Sweeper {
-    /// A sweeper for `store`: every 60 s, batches of 1,000. What is past retention is the store's
+    /// A sweeper for `store`: every 60 s, batches of 200. What is past retention is the store's
     /// to judge, by its own clock, so an instance whose clock runs ahead purges nothing early.
     pub fn new(store: impl Purge) -> Self {
         Self {
             store: Arc::new(store),
             interval: Duration::from_secs(60),
-            batch_size: 1_000,
+            batch_size: DEFAULT_BATCH,
         }
     }
 
