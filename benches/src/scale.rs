@@ -18,7 +18,8 @@
 //! store floor's keeps at the largest. Then 16 concurrent duplicates of each of 50 keys. At
 //! `IDEM_SCALE_PURGE_AT` records (default 1,000,000, or the first size) `IDEM_SCALE_PURGE` records
 //! past retention (default 1,000,000; 0 skips) are added and purged while new keys arrive at half
-//! the engine's measured rate. First, the SQLite store's tail (`tails.rs`). `IDEM_SCALE_PARTS`
+//! the engine's measured rate, by the sweeper with its defaults (`IDEM_SCALE_BATCH` sets another
+//! batch size). First, the SQLite store's tail (`tails.rs`). `IDEM_SCALE_PARTS`
 //! (`stores,tails` by default) picks the parts.
 //!
 //! The Redis Cluster is `IDEM_BENCH_REDIS_CLUSTER_URL` (as in the `cluster` section; without a
@@ -143,7 +144,10 @@ struct PurgeRow {
 /// The sweeper as a service builds it, with `IDEM_SCALE_BATCH` (when set) as its batch size.
 fn sweeper(handle: &Handle) -> Sweeper {
     let sweeper = Sweeper::new(handle.store_purge());
-    match std::env::var("IDEM_SCALE_BATCH").ok().and_then(|v| v.parse::<usize>().ok()) {
+    match std::env::var("IDEM_SCALE_BATCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         Some(n) => sweeper.batch_size(n),
         None => sweeper,
     }
@@ -604,13 +608,8 @@ async fn purge(
             eprintln!("purge: quiet run at {rate:.0}/s");
             let quiet = purge::quiet(engine, rate, QUIET_SECS, format!("q{run_id}")).await;
             eprintln!("purge: sweeping {records} records under load");
-            let purged = purge::sweep_sql(
-                engine,
-                sweeper(handle),
-                rate,
-                format!("p{run_id}"),
-            )
-            .await;
+            let purged =
+                purge::sweep_sql(engine, sweeper(handle), rate, format!("p{run_id}")).await;
             Ok((seed_took, quiet, purged))
         }
     }
