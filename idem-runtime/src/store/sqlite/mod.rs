@@ -75,11 +75,12 @@
 //! elsewhere (the application's own statements, another process) are waited out with
 //! `busy_timeout` (5 s by default, see [`SqliteStore::options`]).
 //!
-//! The writer never checkpoints the write-ahead log itself: SQLite's automatic checkpoint would
-//! run inside the commit that crosses its threshold, flushing the log and the database to disk
-//! while every write queued behind that batch waits. A checkpointer task, on a connection of its
-//! own, runs a passive checkpoint every 100 ms that the writer wrote, beside the writer and the
-//! readers; the pool's connections keep SQLite's automatic checkpoint.
+//! Neither the writer nor the purge checkpoints the write-ahead log itself: SQLite's automatic
+//! checkpoint would run inside the commit that crosses its threshold, flushing the log and the
+//! database to disk while every write queued behind it waits. A checkpointer task, on a connection
+//! of its own, runs a passive checkpoint every 100 ms that either wrote, beside the writer and the
+//! readers. The purge turns the automatic checkpoint off on its pool connection for its statement
+//! only; the pool's connections otherwise keep it, for the application's own writes.
 //!
 //! Reads (lookups, and the claims of keys claimed lately) go to one reader task, likewise with a
 //! connection of its own, which answers everything queued with one `SELECT … WHERE (scope = ? AND
