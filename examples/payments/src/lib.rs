@@ -66,6 +66,7 @@ pub mod auth;
 pub mod card;
 pub mod consumer;
 pub mod ledger;
+pub mod logs;
 pub mod metrics;
 mod problem;
 pub mod serve;

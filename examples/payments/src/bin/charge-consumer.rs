@@ -6,16 +6,10 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,idem=debug")),
-        )
-        .init();
+    payments::logs::init();
     let config = match payments::consumer::ConsumerConfig::from_env() {
         Ok(config) => config,
         Err(error) => return fail(&error),
